@@ -1,0 +1,126 @@
+"""The CLI contract: --version, --help everywhere, exit codes, one-line errors, init and doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from trtspec import __version__
+from trtspec.cli import cli
+from trtspec.config import load_config
+
+
+def test_version(runner):
+    result = runner.invoke(cli, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_every_command_has_help(runner):
+    assert cli.commands, "the group has commands"
+    for name, command in cli.commands.items():
+        result = runner.invoke(cli, [name, "--help"])
+        assert result.exit_code == 0, name
+        assert command.get_short_help_str() and "Usage: " in result.output
+
+
+def test_unknown_command_and_bad_option_exit_2(runner):
+    assert runner.invoke(cli, ["frobnicate"]).exit_code == 2
+    assert runner.invoke(cli, ["doctor", "--bogus"]).exit_code == 2
+
+
+def test_console_script_error_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntarget: {checkpoint: a/b}\nbuild: {tp: zero}\n")
+    run = subprocess.run([sys.executable, "-m", "trtspec", "validate", str(bad)], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.strip() == f"trtspec: error: {bad}: build.tp: must be an integer, got 'zero'"
+    verbose = subprocess.run(
+        [sys.executable, "-m", "trtspec", "--verbose", "validate", str(bad)], capture_output=True, text=True
+    )
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr
+
+
+def test_validate_json_reports_resolved_values(runner, tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\ntarget: {checkpoint: org/model}\nspeculation: {mode: none}\n")
+    result = runner.invoke(cli, ["validate", str(path), "--json"])
+    data = json.loads(result.output)
+    assert data["target"]["resolved_path"] is None  # a hub id: fetched on the GPU host
+    assert data["build"]["backend"] == "torch" and data["speculation"]["mode"] == "none"
+
+
+def _fake_checkpoint(path, **extra):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 4096, **extra}))
+    return path
+
+
+def test_init_pair_writes_a_commented_config_that_validates(runner, tmp_path):
+    target = _fake_checkpoint(tmp_path / "Big-Model")
+    draft = _fake_checkpoint(tmp_path / "small")
+    out = tmp_path / "configs" / "pair.yaml"
+    result = runner.invoke(cli, ["init", "--target", str(target), "--draft", str(draft), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "# the drafter; must share the target's tokenizer" in text
+    cfg = load_config(out)
+    assert cfg.name == "big-model" and cfg.mode == "draft-target" and cfg.build.backend == "tensorrt"
+    assert cfg.serve.flavour == "engine" and cfg.serve.streaming is False
+    assert cfg.build.max_seq_len == 4096
+    again = runner.invoke(cli, ["init", "--target", str(target), "--draft", str(draft), "--out", str(out)])
+    assert again.exit_code == 2 and "already exists" in again.stderr
+
+
+def test_init_mtp_reads_layers_and_refuses_a_checkpoint_without_them(runner, tmp_path):
+    mtp = _fake_checkpoint(tmp_path / "ds", num_nextn_predict_layers=1)
+    out = tmp_path / "ds.yaml"
+    result = runner.invoke(cli, ["init", "--target", str(mtp), "--mtp", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    cfg = load_config(out)
+    assert cfg.mode == "mtp" and cfg.build.backend == "pytorch" and cfg.mtp.num_nextn_predict_layers == 1
+    plain = _fake_checkpoint(tmp_path / "plain")
+    bad = runner.invoke(cli, ["init", "--target", str(plain), "--mtp", "--out", str(tmp_path / "p.yaml")])
+    assert bad.exit_code == 2 and "carries no MTP layers" in bad.stderr
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_init_hub_ids_need_no_download(runner, tmp_path):
+    out = tmp_path / "r1.yaml"
+    result = runner.invoke(cli, ["init", "--target", "deepseek-ai/DeepSeek-R1", "--mtp", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(out.read_text())["mtp"]["num_nextn_predict_layers"] is None
+
+
+@pytest.fixture(scope="module")
+def doctor_report():
+    run = subprocess.run(
+        [sys.executable, "-m", "trtspec", "doctor", "--json"], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_doctor_reports_this_machine(doctor_report):
+    import torch
+
+    assert doctor_report["torch"]["version"] == torch.__version__
+    assert doctor_report["torch"]["cuda_available"] is torch.cuda.is_available()
+    caps = doctor_report["capabilities"]
+    assert caps["torch"]["build"] is True
+    try:
+        import tensorrt_llm  # noqa: F401
+    except Exception:
+        assert doctor_report["tensorrt_llm"]["imports"] is False
+        assert caps["tensorrt"]["build"] is False and caps["pytorch"]["build"] is False
+        assert any("tensorrt_llm" in why for why in caps["tensorrt"]["why_not"])
+
+
+def test_doctor_finds_tritonserver_from_the_server_extra(doctor_report):
+    pytest.importorskip("pytriton", reason="the server extra (nvidia-pytriton) is not installed")
+    server = doctor_report["tritonserver"]
+    assert server is not None and server["binary"].endswith("tritonserver")
+    assert doctor_report["capabilities"]["torch"]["serve"] is True

@@ -1,0 +1,160 @@
+"""The `trtspec` command: parse, call one stage, print.
+
+Exit codes: 0 ok, 1 a failed check or run, 2 bad usage or input. Errors are one line on stderr;
+--verbose adds the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from trtspec import __version__
+from trtspec.errors import TrtspecError
+
+console = Console()
+
+
+class TrtspecGroup(click.Group):
+    """Turns TrtspecError into one line on stderr with its exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TrtspecError as exc:
+            if ctx.obj and ctx.obj.get("verbose"):
+                traceback.print_exc()
+            click.echo(f"trtspec: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+config_argument = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+
+
+@click.group(cls=TrtspecGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trtspec")
+@click.option("--verbose", is_flag=True, help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """Speculative decoding from a checkpoint pair to a served, load-tested deployment."""
+    ctx.obj = {"verbose": verbose}
+
+
+@cli.command()
+@click.option("--target", required=True, help="Target checkpoint: a local HF directory, embedded:<name> or a hub id.")
+@click.option("--draft", help="Draft checkpoint sharing the target's tokenizer (draft-target mode).")
+@click.option("--mtp", is_flag=True, help="Draft with the target's own MTP layers instead of a draft model.")
+@click.option("--name", help="Deployment name (default: from the target's directory name).")
+@click.option(
+    "--backend",
+    type=click.Choice(["tensorrt", "pytorch", "torch"]),
+    default=None,
+    help="Engine backend (default: pytorch for MTP, tensorrt for a pair, torch for embedded models).",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write (default configs/NAME.yaml)."
+)
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def init(
+    target: str, draft: str | None, mtp: bool, name: str | None, backend: str | None, out: Path | None, force: bool
+) -> None:
+    """Write a commented deployment config for a target/draft pair or an MTP checkpoint."""
+    from trtspec.errors import UsageError
+    from trtspec.init_config import build_config_dict, write_init_config
+
+    if mtp and draft:
+        raise UsageError("--mtp and --draft exclude each other: MTP drafts with the target's own layers")
+    mode = "mtp" if mtp else ("draft-target" if draft else "none")
+    if backend is None:
+        backend = "torch" if target.startswith("embedded:") else ("pytorch" if mtp else "tensorrt")
+    if name is None:
+        stem = target.removeprefix("embedded:").rstrip("/").split("/")[-1].lower()
+        name = "".join(c if c.isalnum() else "-" for c in stem).strip("-")[:63] or "deployment"
+    out = out or Path("configs") / f"{name}.yaml"
+    base_dir = out.parent.resolve()
+    data = build_config_dict(name, target, draft, mode, backend, base_dir)  # type: ignore[arg-type]
+    path = write_init_config(out, data, force)
+    click.echo(f"wrote {path} (mode {mode}, backend {backend}); next: trtspec validate {path}")
+
+
+@cli.command()
+@config_argument
+@click.option("--json", "as_json", is_flag=True, help="Print the resolved config as JSON.")
+def validate(config: Path, as_json: bool) -> None:
+    """Load a deployment config and apply every field and cross-field rule."""
+    from trtspec.config import load_config
+
+    cfg = load_config(config)
+    resolved = cfg.model_dump(mode="json")
+    for field in ("target", "draft"):
+        section = getattr(cfg, field)
+        if section is not None:
+            local = cfg.checkpoint_path(section)
+            resolved[field]["resolved_path"] = str(local) if local else None
+    if as_json:
+        _print_json(resolved)
+        return
+    k = cfg.speculation.num_draft_tokens
+    click.echo(
+        f"{config}: ok: {cfg.name}: mode {cfg.mode}, backend {cfg.build.backend}, "
+        f"flavour {cfg.serve.flavour}, num_draft_tokens {k}"
+    )
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def doctor(as_json: bool) -> None:
+    """Report what this machine can build and serve, and why not."""
+    from trtspec.doctor import diagnose
+
+    report = diagnose()
+    if as_json:
+        _print_json(report)
+        return
+    t = report["torch"]
+    trt = report["tensorrt_llm"]
+    facts = Table(show_header=False, box=None)
+    facts.add_row("python", report["python"])
+    facts.add_row("torch", f"{t['version']} (CUDA {'yes' if t['cuda_available'] else 'no'})")
+    facts.add_row("transformers", str(report["transformers"]))
+    facts.add_row("tritonclient", str(report["tritonclient"]))
+    facts.add_row("tensorrt_llm", trt["version"] if trt["imports"] else f"no ({trt['error']})")
+    facts.add_row("trtllm-build", str(report["trtllm_build"] or "not found"))
+    gpus = ", ".join(f"{g['name']} {g['memory_gib']} GiB sm{g['compute_capability']}" for g in report["gpus"])
+    facts.add_row("GPUs", gpus or "none")
+    ts = report["tritonserver"]
+    facts.add_row("tritonserver", f"{ts['binary']} ({ts['source']})" if ts else "not found")
+    facts.add_row("docker", str(report["docker"] or "not found"))
+    facts.add_row("kubectl", str(report["kubectl"] or "not found"))
+    console.print(facts)
+    caps = Table(title="what this machine can do")
+    for col in ("backend", "build", "serve", "flavours", "why not"):
+        caps.add_column(col)
+    for backend, c in report["capabilities"].items():
+        caps.add_row(
+            backend,
+            "yes" if c["build"] else "no",
+            "yes" if c["serve"] else "no",
+            ", ".join(c["flavours"]) or "-",
+            "; ".join(c["why_not"]) or "-",
+        )
+    console.print(caps)
+
+
+def main() -> None:
+    cli(prog_name="trtspec")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""The deployment config: one YAML file per deployment, read by every stage.
+
+Field rules live on the models; rules that relate several fields live in `_cross_field_rules`, the
+one place a reader needs to look to know what combinations trtspec refuses and why. Every error
+names the file and the dotted field, on one line, so a user never reads a pydantic dump.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from trtspec.assets import EMBEDDED_CHECKPOINTS
+from trtspec.errors import ConfigError
+from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS
+
+MAX_DRAFT_TOKENS = 16
+Mode = Literal["draft-target", "mtp", "none"]
+Backend = Literal["tensorrt", "pytorch", "torch"]
+Flavour = Literal["llmapi", "engine"]
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Quantization = Literal["none", "fp8", "int8_weight_only", "int4_weight_only", "int4_awq", "nvfp4"]
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _range(lo: float, hi: float | None = None):
+    """A bound check whose message reads like the rest of trtspec's errors."""
+
+    def check(value: float) -> float:
+        if value < lo or (hi is not None and value > hi):
+            want = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise ValueError(f"must be {want}, got {value}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _open_unit(value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(f"must be a DNS-1123 label (lowercase letters, digits and '-', at most 63), got {value!r}")
+    return value
+
+
+def _draft_tokens(value: int | str) -> int | str:
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"must be an integer 1..{MAX_DRAFT_TOKENS} or 'auto', got {value!r}")
+        return value
+    if not 1 <= value <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"must be 1..{MAX_DRAFT_TOKENS}, got {value}")
+    return value
+
+
+def _trtllm_version(value: str) -> str:
+    if value not in TRTLLM_CONTAINERS:
+        known = ", ".join(TRTLLM_CONTAINERS)
+        raise ValueError(f"must be one of {known} (compiled engines end with 1.2.x), got {value!r}")
+    return value
+
+
+PositiveInt = Annotated[int, _range(1)]
+Port = Annotated[int, _range(1, 65535)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, validate_default=True)
+
+
+class ModelSection(_Section):
+    """A checkpoint: a local directory, an `embedded:<name>`, or a Hugging Face id for the GPU host."""
+
+    checkpoint: str
+    dtype: Dtype = "auto"
+    quantization: Quantization = "none"
+
+
+class MTPSection(_Section):
+    """MTP settings: the layers come from the target checkpoint (DeepSeek-V3 layout)."""
+
+    num_nextn_predict_layers: PositiveInt | None = Field(
+        default=None, description="MTP layers to use; default: the checkpoint's num_nextn_predict_layers"
+    )
+    relaxed_acceptance: bool = Field(
+        default=False, description="TensorRT-LLM's relaxed acceptance for thinking: faster, NOT lossless"
+    )
+    relaxed_topk: PositiveInt = 1
+    relaxed_delta: Annotated[float, _range(0.0, 1.0)] = 0.0
+
+
+class SamplingSection(_Section):
+    """Defaults for requests that do not say; temperature 0 means greedy."""
+
+    temperature: Annotated[float, _range(0.0, 100.0)] = 0.0
+    top_k: Annotated[int, _range(0)] = 0
+    top_p: Annotated[float, AfterValidator(_open_unit)] = 1.0
+    max_tokens: PositiveInt = 128
+    seed: int | None = None
+
+
+class SpeculationSection(_Section):
+    mode: Mode = "draft-target"
+    num_draft_tokens: Annotated[int | str, AfterValidator(_draft_tokens)] = 4
+    use_draft_logits: bool = Field(
+        default=False, description="engine flavour: pass draft logits to the target (needs gathered logits)"
+    )
+    sampling: SamplingSection = SamplingSection()
+
+
+class BuildSection(_Section):
+    backend: Backend = "torch"
+    tensorrt_llm_version: Annotated[str, AfterValidator(_trtllm_version)] = DEFAULT_TRTLLM_VERSION
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    max_batch_size: Annotated[int, _range(1, 4096)] = 8
+    max_input_len: PositiveInt = 1024
+    max_seq_len: PositiveInt = 2048
+    max_num_tokens: PositiveInt = 8192
+    kv_cache_free_gpu_mem_fraction: Annotated[float, AfterValidator(_open_unit)] = 0.9
+    gpu_memory_gb: Annotated[float, _range(1.0)] | None = Field(
+        default=None, description="memory per GPU; default: detected at check time"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="torch backend only")
+    output_dir: str = "engines"
+
+
+class ServeSection(_Section):
+    flavour: Flavour = "llmapi"
+    instances: Annotated[int, _range(1, 64)] = 1
+    http_port: Port = 8000
+    grpc_port: Port = 8001
+    metrics_port: Port = 8002
+    streaming: bool = True
+    repository: str = "model_repository"
+
+
+class StorageSection(_Section):
+    size: str = "200Gi"
+    storage_class: str | None = None
+
+
+class DeploySection(_Section):
+    image: str | None = Field(default=None, description="default: the Triton TRT-LLM image for the version")
+    gpus_per_node: Annotated[int, _range(1, 64)] = 8
+    replicas: Annotated[int, _range(1, 1000)] = 1
+    namespace: Annotated[str, AfterValidator(_dns_label)] = "trtspec"
+    kubernetes_version: Annotated[str, AfterValidator(lambda v: _k8s_version(v))] = "1.30"
+    storage: StorageSection = StorageSection()
+    hf_token_secret: str | None = Field(default=None, description="a Secret name; never the token itself")
+
+
+def _k8s_version(value: str) -> str:
+    if not re.fullmatch(r"1\.\d{2}", value):
+        raise ValueError(f"must look like '1.30', got {value!r}")
+    return value
+
+
+class DeploymentConfig(_Section):
+    name: Annotated[str, AfterValidator(_dns_label)]
+    target: ModelSection
+    draft: ModelSection | None = None
+    mtp: MTPSection | None = None
+    speculation: SpeculationSection = SpeculationSection()
+    build: BuildSection = BuildSection()
+    serve: ServeSection = ServeSection()
+    deploy: DeploySection = DeploySection()
+
+    # Set by load_config: where relative paths are resolved from and what the file was.
+    source: Path | None = Field(default=None, exclude=True)
+
+    @property
+    def mode(self) -> Mode:
+        return self.speculation.mode
+
+    @property
+    def base_dir(self) -> Path:
+        return self.source.parent if self.source else Path.cwd()
+
+    def checkpoint_path(self, section: ModelSection) -> Path | None:
+        """The local directory of a checkpoint, or None for a hub id (fetched on the GPU host)."""
+        return resolve_checkpoint(section.checkpoint, self.base_dir)
+
+    def digest(self) -> str:
+        """A stable hash of the effective settings, for build manifests."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def resolve_checkpoint(ref: str, base_dir: Path) -> Path | None:
+    """Map a checkpoint reference to a local directory; None means a Hugging Face id.
+
+    A reference that exists on disk, or that looks like a path (./, ../, /, ~), is local; one shaped
+    like `org/name` that does not exist locally is a hub id.
+    """
+    if ref.startswith("embedded:"):
+        name = ref.removeprefix("embedded:")
+        if name not in EMBEDDED_CHECKPOINTS:
+            raise ValueError(f"unknown embedded checkpoint {name!r} (have: {', '.join(EMBEDDED_CHECKPOINTS)})")
+        return EMBEDDED_CHECKPOINTS[name]
+    path = Path(ref).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    looks_like_path = ref.startswith(("/", "./", "../", "~")) or not _HUB_ID.match(ref)
+    if path.exists() or looks_like_path:
+        return path.resolve()
+    return None
+
+
+def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
+    """Combinations trtspec refuses, each with the field to change and the fix."""
+    errors: list[tuple[str, str]] = []
+    mode, backend, flavour = cfg.speculation.mode, cfg.build.backend, cfg.serve.flavour
+    b = cfg.build
+    if mode == "draft-target" and cfg.draft is None:
+        errors.append(("draft", "required when speculation.mode is draft-target (add draft.checkpoint)"))
+    if mode == "mtp" and cfg.draft is not None:
+        errors.append(("draft", "not used with speculation.mode mtp (the drafter is the target's MTP layers)"))
+    if mode != "mtp" and cfg.mtp is not None:
+        errors.append(("mtp", f"only used with speculation.mode mtp, got mode {mode}"))
+    if mode == "mtp" and backend == "tensorrt":
+        errors.append(
+            (
+                "build.backend",
+                "MTP does not exist for compiled TensorRT engines; use backend pytorch (TensorRT-LLM LLM API) or torch",
+            )
+        )
+    if backend == "pytorch" and flavour == "engine":
+        errors.append(("serve.flavour", "backend pytorch is served by flavour llmapi (engine needs compiled engines)"))
+    if backend == "tensorrt" and flavour == "llmapi":
+        errors.append(("serve.flavour", "backend tensorrt (compiled engines) is served by flavour engine"))
+    if flavour == "engine" and mode == "draft-target" and cfg.serve.streaming:
+        errors.append(
+            (
+                "serve.streaming",
+                "the engine flavour speculates through the BLS model, which does not stream; set streaming: false"
+                " or use flavour llmapi",
+            )
+        )
+    if cfg.speculation.use_draft_logits and not (flavour == "engine" and mode == "draft-target"):
+        errors.append(("speculation.use_draft_logits", "only applies to flavour engine with mode draft-target"))
+    if backend == "torch" and b.tp * b.pp != 1:
+        errors.append(("build.tp", f"the torch runner uses one device; set tp and pp to 1, got tp={b.tp} pp={b.pp}"))
+    if b.max_input_len >= b.max_seq_len:
+        errors.append(("build.max_input_len", f"must be below max_seq_len ({b.max_seq_len}), got {b.max_input_len}"))
+    k = cfg.speculation.num_draft_tokens
+    if mode != "none" and isinstance(k, int) and b.max_seq_len < b.max_input_len + k + 1:
+        errors.append(
+            (
+                "build.max_seq_len",
+                f"must leave room for the prompt, {k} draft tokens and one output token: >= {b.max_input_len + k + 1},"
+                f" got {b.max_seq_len}",
+            )
+        )
+    ports = [cfg.serve.http_port, cfg.serve.grpc_port, cfg.serve.metrics_port]
+    if len(set(ports)) != 3:
+        errors.append(("serve.http_port", f"http, grpc and metrics ports must differ, got {ports}"))
+    for field, section in (("target", cfg.target), ("draft", cfg.draft)):
+        if section is None:
+            continue
+        try:
+            path = cfg.checkpoint_path(section)
+        except ValueError as exc:
+            errors.append((f"{field}.checkpoint", str(exc)))
+            continue
+        if path is not None and not path.is_dir():
+            errors.append((f"{field}.checkpoint", f"no such checkpoint directory: {path}"))
+        elif path is not None and not (path / "config.json").is_file():
+            errors.append((f"{field}.checkpoint", f"not a Hugging Face checkpoint (no config.json in {path})"))
+    return errors
+
+
+_TYPE_WORDS = {
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+}
+
+
+_TYPE_TAG = re.compile(r"^(int|str|float|bool|none|function-\\w+\\[.*\\]|literal\\[.*\\])$")
+
+
+def _describe(err: dict[str, Any]) -> tuple[str, str]:
+    """One pydantic error as (dotted field, message in trtspec's words)."""
+    # Union members and validator wrappers show up in `loc` as type tags; users know only fields.
+    loc = [str(p) for p in err["loc"] if not _TYPE_TAG.match(str(p))]
+    field = ".".join(loc) or "(top level)"
+    kind, got = err["type"], err.get("input")
+    if kind == "missing":
+        return field, "required"
+    if kind == "extra_forbidden":
+        return field, "unknown key"
+    if kind == "literal_error":
+        return field, f"must be one of {err['ctx']['expected']}, got {got!r}"
+    if kind in _TYPE_WORDS:
+        return field, f"must be {_TYPE_WORDS[kind]}, got {got!r}"
+    if kind == "value_error":
+        return field, str(err["ctx"]["error"])
+    return field, err["msg"]
+
+
+def load_config(path: str | Path) -> DeploymentConfig:
+    """Read and validate a deployment config; raise ConfigError with one line naming file and field."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {at}{problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a YAML mapping with at least name and target, got {type(data).__name__}")
+    return validate_config(data, source=path)
+
+
+def validate_config(data: dict[str, Any], source: Path | None = None) -> DeploymentConfig:
+    where = str(source) if source else "<config>"
+    if "source" in data:
+        raise ConfigError(f"{where}: source: unknown key")
+    try:
+        cfg = DeploymentConfig.model_validate(data)
+    except ValidationError as exc:
+        described = list(dict(reversed([_describe(e) for e in exc.errors()])).items())[::-1]
+        raise ConfigError(f"{where}: " + "; ".join(f"{f}: {m}" for f, m in described)) from None
+    cfg.source = source.resolve() if source else None
+    problems = _cross_field_rules(cfg)
+    if problems:
+        raise ConfigError(f"{where}: " + "; ".join(f"{f}: {m}" for f, m in problems))
+    return cfg

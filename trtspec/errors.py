@@ -1,0 +1,23 @@
+"""Errors that the CLI turns into one line on stderr and an exit code.
+
+Everything a user can get wrong (a config, a checkpoint, a request) raises one of these with a
+message that names the file and field; anything else is a bug and shows a traceback with --verbose.
+"""
+
+from __future__ import annotations
+
+
+class TrtspecError(Exception):
+    """A failure the user can act on; `exit_code` follows the CLI contract (1 failed run, 2 bad input)."""
+
+    exit_code = 1
+
+
+class UsageError(TrtspecError):
+    """Bad input: a malformed config, a missing checkpoint, a wrong argument."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A deployment config that cannot be loaded; the message starts with the file name."""

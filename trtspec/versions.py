@@ -1,0 +1,33 @@
+"""TensorRT-LLM releases trtspec generates for, and the Triton container that carries each.
+
+Source: Triton's compatibility table (shared reference, triton-model-repository-and-k8s.md §6).
+A container runs only engines built by its own TensorRT-LLM, so the tag follows the version.
+Compiled engines (trtllm-build) exist up to 1.2.x; 1.3 removed them.
+"""
+
+from __future__ import annotations
+
+# TensorRT-LLM version -> Triton `<yy.mm>-trtllm-python-py3` releases that ship it, oldest first.
+TRTLLM_CONTAINERS: dict[str, tuple[str, ...]] = {
+    "1.0.0": ("25.09", "25.10"),
+    "1.0.3": ("25.11",),
+    "1.1.0": ("25.12", "26.01", "26.02"),
+    "1.2.0": ("26.03",),
+    "1.2.1": ("26.04", "26.05", "26.06", "26.07"),
+}
+
+DEFAULT_TRTLLM_VERSION = "1.2.1"
+
+
+def minor(version: str) -> str:
+    """'1.2.1' -> '1.2': schemas and field names change by minor release."""
+    return ".".join(version.split(".")[:2])
+
+
+def container_tag(version: str) -> str:
+    """The newest Triton release carrying this TensorRT-LLM version (later ones carry fixes)."""
+    return TRTLLM_CONTAINERS[version][-1]
+
+
+def container_image(version: str) -> str:
+    return f"nvcr.io/nvidia/tritonserver:{container_tag(version)}-trtllm-python-py3"
