@@ -1,0 +1,153 @@
+"""The lossless guarantee, tested statistically: speculative output follows the target exactly.
+
+On tiny context-dependent models (vocabulary 8) the exact joint distribution of the first four
+generated tokens is enumerated from the target, and N = 100,000 speculative samples are tested
+against it with a chi-square test at significance 1e-3. The same test is run on two deliberately
+broken samplers (the classic bugs: resampling from p after a rejection, and an argmax draft
+verified with its softmax q), which must fail by orders of magnitude; that is what shows the test
+has the power to catch a broken sampler.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from tiny_models import make_checkpoint
+
+from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.model import load_transformer
+from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+from trtspec.speculative.sampling import SamplingParams, probs_from_logits
+from trtspec.speculative.verification import Verified, verify
+
+pytestmark = pytest.mark.slow
+
+V, N, LENGTH, ALPHA = 8, 100_000, 4, 1e-3
+PROMPT = [2, 3, 2, 3, 2]
+T1 = SamplingParams(temperature=1.0)
+WARPED = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lossless")
+    target = load_transformer(make_checkpoint(root / "target", vocab=V, layers=2, mtp_layers=2, seed=11))
+    draft = load_transformer(make_checkpoint(root / "draft", vocab=V, layers=1, seed=12))
+    return target, draft
+
+
+@torch.inference_mode()
+def exact_joint(target, params: SamplingParams, length: int = LENGTH) -> np.ndarray:
+    """P(t1..tL | prompt) for every one of V^L continuations, from the target's processed conditionals."""
+    prefixes = torch.tensor(list(itertools.product(range(V), repeat=length - 1)))
+    seqs = torch.cat([torch.tensor(PROMPT).expand(len(prefixes), -1), prefixes], dim=1)
+    positions = torch.arange(seqs.shape[1]).expand_as(seqs)
+    logits = target(seqs, positions, target.new_cache(len(seqs), seqs.shape[1])).logits
+    probs = probs_from_logits(logits[:, len(PROMPT) - 1 :], params).double()  # [P, L, V]
+    joint = torch.ones(len(prefixes), V, dtype=torch.float64)
+    for i in range(length - 1):
+        joint *= probs[torch.arange(len(prefixes)), i, prefixes[:, i]][:, None]
+    joint = joint * probs[:, length - 1]
+    return joint.reshape([V] * length).numpy()
+
+
+def chi_square(samples: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
+    """Chi-square statistic and p-value; cells expected below 5 are pooled into one."""
+    cells = np.ravel_multi_index(samples.T, exact.shape)
+    observed = np.bincount(cells, minlength=exact.size).astype(float)
+    expected = exact.ravel() * len(samples)
+    assert observed[expected == 0].sum() == 0, "a token with target probability 0 was emitted"
+    small = expected < 5
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()
+    stat, p = stats.chisquare(obs, exp)
+    return float(stat), float(p)
+
+
+def run(target, drafter, params: SamplingParams, k: int = 3, seed: int = 0, runner_cls=SpeculativeRunner, **kw):
+    runner = runner_cls(target, drafter, num_draft_tokens=k, **kw)
+    out = runner.generate([PROMPT] * N, GenerationParams(max_tokens=LENGTH, sampling=params, seed=seed))
+    samples = np.array([g.tokens for g in out])
+    assert samples.shape == (N, LENGTH)
+    accepted = sum(g.stats.accepted_tokens for g in out) / max(1, sum(g.stats.draft_tokens for g in out))
+    return samples, accepted
+
+
+@pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
+@pytest.mark.parametrize("mode", ["draft-target", "mtp", "ngram"])
+def test_speculative_samples_follow_the_target_exactly(models, mode, params):
+    target, draft = models
+    drafter = {
+        "draft-target": lambda: DraftModelDrafter(draft),
+        "mtp": lambda: MTPDrafter(target),
+        "ngram": lambda: NgramDrafter(),
+    }[mode]()
+    samples, acceptance = run(target, drafter, params)
+    stat, p = chi_square(samples, exact_joint(target, params))
+    assert 0.02 < acceptance < 0.98, "both accepts and rejects must occur for the test to mean anything"
+    assert p > ALPHA, f"{mode}: chi2 {stat:.1f}, p {p:.2e}"
+
+
+def verify_resampling_from_p(draft_tokens, draft_probs, target_probs, generator=None, num_drafts=None):
+    """BROKEN on purpose: after a rejection draws from p instead of norm(max(0, p - q))."""
+    b, k = draft_tokens.shape
+    if k == 0:  # the last step of a request may carry no drafts
+        return verify(draft_tokens, draft_probs, target_probs, generator, num_drafts)
+    p_d = target_probs[:, :k].gather(-1, draft_tokens[..., None])[..., 0]
+    q_d = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    u = torch.rand(p_d.shape, generator=generator)
+    accepted = (u * q_d < p_d).cumprod(1).sum(1)
+    nxt = torch.multinomial(target_probs[torch.arange(b), accepted], 1, generator=generator)[:, 0]
+    tokens = torch.full((b, k + 1), -1)
+    tokens[:, :k] = torch.where(torch.arange(k)[None] < accepted[:, None], draft_tokens, tokens[:, :k])
+    tokens[torch.arange(b), accepted] = nxt
+    return Verified(tokens, accepted)
+
+
+class ArgmaxDraftSoftmaxQ(DraftModelDrafter):
+    """BROKEN on purpose: drafts the argmax but reports the softmax as q (transformers #32867)."""
+
+    def draw(self, logits, state):
+        q = probs_from_logits(logits, state.params)
+        return q.argmax(-1), q
+
+
+def test_broken_residual_sampler_fails_by_a_wide_margin(models):
+    target, draft = models
+    samples, _ = run(target, DraftModelDrafter(draft), T1, verify_fn=verify_resampling_from_p)
+    stat, p = chi_square(samples, exact_joint(target, T1))
+    assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
+
+
+def test_broken_argmax_draft_with_softmax_q_fails_by_a_wide_margin(models):
+    target, draft = models
+    samples, _ = run(target, ArgmaxDraftSoftmaxQ(draft), T1)
+    stat, p = chi_square(samples, exact_joint(target, T1))
+    assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
+
+
+@torch.inference_mode()
+def test_empirical_acceptance_equals_sum_min_p_q(models):
+    """One draft after the first token: P(accept) = sum_t1 P(t1) sum_x min(p(x|t1), q(x|t1))."""
+    target, draft = models
+    out = SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=1).generate(
+        [PROMPT] * N, GenerationParams(max_tokens=3, sampling=T1, seed=5)
+    )
+    rate = sum(g.stats.accepted_tokens for g in out) / sum(g.stats.draft_tokens for g in out)
+    assert sum(g.stats.draft_tokens for g in out) == N
+    seqs = torch.cat([torch.tensor(PROMPT).expand(V, -1), torch.arange(V)[:, None]], dim=1)
+    pos = torch.arange(seqs.shape[1]).expand_as(seqs)
+    p = probs_from_logits(target(seqs, pos, target.new_cache(V, 8)).logits[:, -1], T1).double()
+    q = probs_from_logits(draft(seqs, pos, draft.new_cache(V, 8)).logits[:, -1], T1).double()
+    p_first = probs_from_logits(
+        target(torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None], target.new_cache(1, 8)).logits[0, -1], T1
+    ).double()
+    expected = float((p_first * torch.minimum(p, q).sum(-1)).sum())
+    sigma = (expected * (1 - expected) / N) ** 0.5
+    assert abs(rate - expected) < 4 * sigma, f"measured {rate:.4f}, expected {expected:.4f} +- {4 * sigma:.4f}"

@@ -1,0 +1,337 @@
+"""A lean Llama decoder with a static KV cache, loading Hugging Face checkpoints.
+
+Why not `LlamaForCausalLM`: at batch 1 on a CPU, transformers' per-call overhead (cache objects,
+mask builders) is a large share of a small model's step, and speculation is won or lost on that
+share. Here the KV cache is a preallocated tensor written at absolute positions (as in gpt-fast), so
+"rolling back" rejected drafts is just a shorter valid length: stale entries sit beyond it, are
+masked, and are overwritten by the next write. Every row of a batch has its own positions, so
+requests of different lengths share one forward pass.
+
+MTP layers follow DeepSeek-V3 (checkpoint keys `model.layers.{L+k}.{enorm,hnorm,eh_proj,...}`):
+depth k at position i combines the embedding of token i+k with the previous depth's hidden state at
+i, runs one decoder block, and predicts token i+k+1 with the shared head.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from trtspec.errors import UsageError
+
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    attention_bias: bool
+    tie_word_embeddings: bool
+    num_mtp_layers: int
+    max_position_embeddings: int
+
+
+def dims_from_hf_config(cfg: dict) -> ModelDims:
+    heads = cfg["num_attention_heads"]
+    return ModelDims(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        intermediate_size=cfg["intermediate_size"],
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        num_mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+    )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class KVCache:
+    """Keys and values for `layers` blocks at absolute positions, one row per sequence."""
+
+    def __init__(self, dims: ModelDims, layers: int, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
+        shape = (layers, batch, dims.num_kv_heads, max_len, dims.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Block(nn.Module):
+    """A Llama decoder block; q/k/v and gate/up are fused into one matmul each for fewer calls."""
+
+    def __init__(self, d: ModelDims) -> None:
+        super().__init__()
+        self.d = d
+        q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        self.input_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.qkv = nn.Linear(d.hidden_size, q + 2 * kv, bias=d.attention_bias)
+        self.o_proj = nn.Linear(q, d.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.gate_up = nn.Linear(d.hidden_size, 2 * d.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(d.intermediate_size, d.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        layer: int,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv_len: int,
+    ) -> torch.Tensor:
+        d = self.d
+        b, t, _ = x.shape
+        qkv = self.qkv(self.input_layernorm(x))
+        q, k, v = qkv.split([d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim], -1)
+        q = q.view(b, t, d.num_heads, d.head_dim).transpose(1, 2)
+        k = k.view(b, t, d.num_kv_heads, d.head_dim).transpose(1, 2)
+        v = v.view(b, t, d.num_kv_heads, d.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if b == 1:
+            start = int(positions[0, 0])
+            cache.k[layer, :, :, start : start + t] = k
+            cache.v[layer, :, :, start : start + t] = v
+        else:
+            rows = torch.arange(b, device=x.device)[:, None]
+            cache.k[layer][rows, :, positions] = k.transpose(1, 2)
+            cache.v[layer][rows, :, positions] = v.transpose(1, 2)
+        keys = cache.k[layer, :, :, :kv_len]
+        values = cache.v[layer, :, :, :kv_len]
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=d.num_kv_heads != d.num_heads)
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
+        gate, up = self.gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class MTPLayer(nn.Module):
+    """One DeepSeek-V3 MTP module: norms, concat [embedding, hidden], projection, block, head norm."""
+
+    def __init__(self, d: ModelDims) -> None:
+        super().__init__()
+        self.enorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.hnorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * d.hidden_size, d.hidden_size, bias=False)
+        self.block = Block(d)
+        self.head_norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor  # [B, T, V] float32 (or [B, 1, V] for last-only)
+    hidden: torch.Tensor  # [B, T, d] after the final norm (what MTP depth 1 consumes)
+
+
+class Transformer(nn.Module):
+    def __init__(self, dims: ModelDims, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
+        super().__init__()
+        self.dims = dims
+        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size)
+        self.layers = nn.ModuleList(Block(dims) for _ in range(dims.num_layers))
+        self.norm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.lm_head = nn.Linear(dims.hidden_size, dims.vocab_size, bias=False)
+        self.mtp = nn.ModuleList(MTPLayer(dims) for _ in range(dims.num_mtp_layers))
+        self.register_buffer("rope_cos", rope_cos, persistent=False)
+        self.register_buffer("rope_sin", rope_sin, persistent=False)
+
+    @property
+    def max_positions(self) -> int:
+        return self.rope_cos.shape[0]
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache(
+            self.dims,
+            self.dims.num_layers,
+            batch,
+            max_len,
+            self.embed_tokens.weight.dtype,
+            self.embed_tokens.weight.device,
+        )
+
+    def new_mtp_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache(
+            self.dims,
+            max(1, self.dims.num_mtp_layers),
+            batch,
+            max_len,
+            self.embed_tokens.weight.dtype,
+            self.embed_tokens.weight.device,
+        )
+
+    def _attention_inputs(self, positions: torch.Tensor, cache: KVCache):
+        """cos/sin at each row's positions, and a causal mask over the valid cache prefix."""
+        if int(positions.max()) >= min(cache.max_len, self.max_positions):
+            raise UsageError(f"sequence longer than the KV cache ({cache.max_len} positions)")
+        kv_len = int(positions.max()) + 1
+        cos = self.rope_cos[positions].unsqueeze(1)
+        sin = self.rope_sin[positions].unsqueeze(1)
+        b, t = positions.shape
+        if b == 1 and t == 1:
+            mask = None  # one query at the last position sees the whole prefix
+        else:
+            keys = torch.arange(kv_len, device=positions.device)
+            mask = (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+        return cos, sin, mask, kv_len
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = False
+    ) -> ForwardOut:
+        """Run `tokens` [B, T] at `positions` [B, T], writing their keys and values into `cache`."""
+        cos, sin, mask, kv_len = self._attention_inputs(positions, cache)
+        x = self.embed_tokens(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, positions, mask, kv_len)
+        hidden = self.norm(x)
+        head_in = hidden[:, -1:] if last_only else hidden
+        return ForwardOut(self.lm_head(head_in).float(), hidden)
+
+    def mtp_forward(
+        self, depth: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache
+    ) -> ForwardOut:
+        """MTP layer `depth` (0-based) on the previous depth's hidden states and the next tokens."""
+        mtp = self.mtp[depth]
+        cos, sin, mask, kv_len = self._attention_inputs(positions, cache)
+        x = mtp.eh_proj(torch.cat([mtp.enorm(self.embed_tokens(tokens)), mtp.hnorm(hidden)], dim=-1))
+        h = mtp.block(x, cos, sin, cache, depth, positions, mask, kv_len)
+        return ForwardOut(self.lm_head(mtp.head_norm(h)).float(), h)
+
+
+def _rope_tables(hf_config: dict, dims: ModelDims, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for positions 0..max_len-1, computed by transformers' own rotary code (all rope types)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(**{k: v for k, v in hf_config.items() if k not in ("architectures", "model_type")})
+    cfg.head_dim = dims.head_dim
+    rope = LlamaRotaryEmbedding(cfg)
+    positions = torch.arange(max_len)[None]
+    cos, sin = rope(torch.zeros(1, dtype=torch.float32), positions)
+    return cos[0], sin[0]
+
+
+def read_hf_config(path: Path) -> dict:
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise UsageError(f"{path}: not a Hugging Face checkpoint (no config.json)")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{cfg_file}: corrupt config.json: {exc}") from None
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise UsageError(f"{path}: no *.safetensors weights (trtspec reads safetensors only)")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as exc:  # safetensors raises its own error types for truncated files
+            raise UsageError(f"{f}: corrupt safetensors file: {exc}") from None
+    return weights
+
+
+def _block_state(prefix: str, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    a = f"{prefix}.self_attn"
+    m = f"{prefix}.mlp"
+    out = {
+        "input_layernorm.weight": w[f"{prefix}.input_layernorm.weight"],
+        "post_attention_layernorm.weight": w[f"{prefix}.post_attention_layernorm.weight"],
+        "qkv.weight": torch.cat([w[f"{a}.q_proj.weight"], w[f"{a}.k_proj.weight"], w[f"{a}.v_proj.weight"]]),
+        "o_proj.weight": w[f"{a}.o_proj.weight"],
+        "gate_up.weight": torch.cat([w[f"{m}.gate_proj.weight"], w[f"{m}.up_proj.weight"]]),
+        "down_proj.weight": w[f"{m}.down_proj.weight"],
+    }
+    if f"{a}.q_proj.bias" in w:
+        out["qkv.bias"] = torch.cat([w[f"{a}.q_proj.bias"], w[f"{a}.k_proj.bias"], w[f"{a}.v_proj.bias"]])
+    return out
+
+
+def load_transformer(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    max_len: int = 2048,
+    mtp_layers: int | None = None,
+) -> Transformer:
+    """Load a Llama-family HF checkpoint (and any DeepSeek-V3-layout MTP layers) into a Transformer."""
+    path = Path(path)
+    hf = read_hf_config(path)
+    arch = (hf.get("architectures") or ["?"])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UsageError(f"{path}: the torch runner supports {sorted(SUPPORTED_ARCHITECTURES)}, not {arch}")
+    dims = dims_from_hf_config(hf)
+    if mtp_layers is not None:
+        if mtp_layers > dims.num_mtp_layers:
+            raise UsageError(f"{path}: asked for {mtp_layers} MTP layers, checkpoint has {dims.num_mtp_layers}")
+        dims = ModelDims(**{**dims.__dict__, "num_mtp_layers": mtp_layers})
+    max_len = min(max_len, dims.max_position_embeddings)
+    cos, sin = _rope_tables(hf, dims, max_len)
+    w = _read_weights(path)
+    try:
+        state = {"embed_tokens.weight": w["model.embed_tokens.weight"], "norm.weight": w["model.norm.weight"]}
+        state["lm_head.weight"] = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+        if dims.tie_word_embeddings:
+            state["lm_head.weight"] = w["model.embed_tokens.weight"]
+        for i in range(dims.num_layers):
+            for k, v in _block_state(f"model.layers.{i}", w).items():
+                state[f"layers.{i}.{k}"] = v
+        for k in range(dims.num_mtp_layers):
+            p = f"model.layers.{dims.num_layers + k}"
+            state[f"mtp.{k}.enorm.weight"] = w[f"{p}.enorm.weight"]
+            state[f"mtp.{k}.hnorm.weight"] = w[f"{p}.hnorm.weight"]
+            state[f"mtp.{k}.eh_proj.weight"] = w[f"{p}.eh_proj.weight"]
+            state[f"mtp.{k}.head_norm.weight"] = w[f"{p}.shared_head.norm.weight"]
+            for name, v in _block_state(p, w).items():
+                state[f"mtp.{k}.block.{name}"] = v
+    except KeyError as exc:
+        raise UsageError(f"{path}: checkpoint is missing weight {exc.args[0]}") from None
+    with torch.device("meta"):
+        model = Transformer(dims, cos, sin)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.rope_cos, model.rope_sin = cos, sin
+    model = model.to(device=device, dtype=dtype)
+    model.rope_cos = cos.to(device=device, dtype=dtype)
+    model.rope_sin = sin.to(device=device, dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def parameter_count(model: Transformer, include_mtp: bool = False) -> int:
+    total = sum(p.numel() for n, p in model.named_parameters() if include_mtp or not n.startswith("mtp."))
+    if model.dims.tie_word_embeddings:
+        total -= model.lm_head.weight.numel()
+    return total
