@@ -82,3 +82,19 @@ def test_top_k_and_top_p_mask_the_same_way_for_p_and_q():
     assert full[0, 0] > 0.5 and probs[0, 0].item() == 1.0
     probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.8))
     assert (probs[0, :2] > 0).all() and (probs[0, 2:] == 0).all()
+
+
+def test_greedy_fast_path_equals_the_general_rule_with_one_hot_p():
+    from trtspec.speculative.verification import verify_greedy
+
+    g = torch.Generator().manual_seed(4)
+    for _ in range(200):
+        k = int(torch.randint(0, 5, (1,), generator=g))
+        logits = torch.randn(3, k + 1, V, generator=g)
+        best = logits.argmax(-1)
+        # drafts that follow the argmax for a while, then stray
+        drafts = torch.where(torch.rand(3, k, generator=g) < 0.7, best[:, :k], torch.randint(0, V, (3, k), generator=g))
+        counts = torch.randint(0, k + 1, (3,), generator=g)
+        fast = verify_greedy(drafts, logits, counts)
+        slow = verify(drafts, None, probs_from_logits(logits, SamplingParams()), g, counts)
+        assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.num_accepted, slow.num_accepted)

@@ -113,6 +113,92 @@ def validate(config: Path, as_json: bool) -> None:
 
 
 @cli.command()
+@config_argument
+@click.option("--json", "as_json", is_flag=True, help="Print findings and facts as JSON.")
+def check(config: Path, as_json: bool) -> None:
+    """Find every known pitfall of the pair from metadata, before the build (exit 1 on an error)."""
+    from trtspec.check import run_check
+    from trtspec.config import load_config
+
+    report = run_check(load_config(config))
+    if as_json:
+        _print_json(report.as_dict())
+    else:
+        table = Table(title=f"trtspec check {config}")
+        for col in ("severity", "finding", "fix"):
+            table.add_column(col, overflow="fold")
+        styles = {"error": "red", "warning": "yellow", "info": "dim"}
+        for f in report.findings:
+            table.add_row(f"[{styles[f.severity]}]{f.severity}[/]", f"{f.message} [dim]({f.code})[/]", f.fix)
+        if report.findings:
+            console.print(table)
+        mem = report.facts.get("memory")
+        if mem:
+            console.print(
+                f"memory per GPU: weights {mem['weights_gb_per_gpu']} GB, KV at full batch "
+                f"{mem['kv_needed_gb_per_gpu']} GB, KV budget {mem['kv_budget_gb_per_gpu']} GB"
+            )
+        errors = sum(f.severity == "error" for f in report.findings)
+        console.print(
+            f"{'FAILED' if errors else 'ok'}: {errors} error(s), "
+            f"{sum(f.severity == 'warning' for f in report.findings)} warning(s)"
+        )
+    if not report.ok:
+        raise SystemExit(1)
+
+
+@cli.command()
+@config_argument
+@click.option("--prompt", required=True, help="Prompt text.")
+@click.option(
+    "--mode",
+    type=click.Choice(["none", "draft-target", "mtp", "ngram"]),
+    default=None,
+    help="Drafter to use (default: the config's speculation.mode).",
+)
+@click.option("--max-tokens", type=click.IntRange(1), default=None, help="Output tokens (default: config).")
+@click.option("--temperature", type=click.FloatRange(0), default=None, help="0 is greedy (default: config).")
+@click.option("--top-k", type=click.IntRange(0), default=None)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--num-draft-tokens", type=click.IntRange(1, 16), default=None, help="K (default: config).")
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at the end-of-sequence token.")
+@click.option("--json", "as_json", is_flag=True, help="Print text, tokens and stats as JSON.")
+def generate(
+    config: Path,
+    prompt: str,
+    mode: str | None,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    num_draft_tokens: int | None,
+    ignore_eos: bool,
+    as_json: bool,
+) -> None:
+    """Generate in-process with the torch runner and report acceptance and speed."""
+    from trtspec.config import load_config
+    from trtspec.generate import GenerateRequest, generate_text
+
+    cfg = load_config(config)
+    req = GenerateRequest(prompt, mode, max_tokens, temperature, top_k, top_p, seed, num_draft_tokens, ignore_eos)
+    if as_json:
+        _print_json(generate_text(cfg, req))
+        return
+    click.echo(prompt, nl=False)
+    result = generate_text(cfg, req, on_text=lambda text: click.echo(text, nl=False))
+    s = result["stats"]
+    click.echo()
+    click.echo(
+        f"[{result['mode']}, K={result['num_draft_tokens']}] {s['output_tokens']} tokens in {s['steps']} steps, "
+        f"acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_step']:.2f} tokens/step, "
+        f"{s['tokens_per_s']:.1f} tokens/s (draft {s['draft_s'] * 1000:.0f} ms, verify {s['verify_s'] * 1000:.0f} ms)",
+        err=True,
+    )
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(as_json: bool) -> None:
     """Report what this machine can build and serve, and why not."""

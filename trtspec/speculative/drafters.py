@@ -33,6 +33,8 @@ class BatchState:
 
 @dataclass
 class Proposal:
+    """K drafts per row; `probs` None means one-hot (greedy or model-free drafts)."""
+
     tokens: torch.Tensor  # [B, K]
     probs: torch.Tensor | None  # [B, K, V] float32, or None: one-hot on `tokens`
     num_drafts: torch.Tensor  # [B] drafts that count per row (<= K)
@@ -55,6 +57,11 @@ def _window(values: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor) ->
     return values.gather(1, idx[..., None].expand(-1, -1, values.shape[-1]))
 
 
+def _proposal(drafts: list[torch.Tensor], probs: list[torch.Tensor | None], batch: int) -> Proposal:
+    stacked = None if probs[0] is None else torch.stack(probs, 1)  # type: ignore[arg-type]
+    return Proposal(torch.stack(drafts, 1), stacked, torch.full((batch,), len(drafts)))
+
+
 class Drafter:
     """Interface: `start` after the target's prefill, `propose` before each verification, `commit` after."""
 
@@ -69,8 +76,13 @@ class Drafter:
     def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int) -> None:
         """Called after the runner appended the verified tokens (lengths already updated)."""
 
-    def draw(self, logits: torch.Tensor, state: BatchState) -> tuple[torch.Tensor, torch.Tensor]:
-        """A token per row and the processed distribution it was drawn from (the q of verification)."""
+    def draw(self, logits: torch.Tensor, state: BatchState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A token per row and the processed distribution it was drawn from (the q of verification).
+
+        Greedy drafts return None: a one-hot q, which verification treats exactly as such.
+        """
+        if state.params.greedy:
+            return logits.argmax(-1), None
         q = probs_from_logits(logits, state.params)
         return sample(q, state.generator), q
 
@@ -99,7 +111,7 @@ class DraftModelDrafter(Drafter):
             if j + 1 < k:
                 pos = (state.lengths + j)[:, None]
                 logits = self.model(d[:, None], pos, self.cache).logits[:, -1]
-        return Proposal(torch.stack(drafts, 1), torch.stack(probs, 1), torch.full((state.batch,), k))
+        return _proposal(drafts, probs, state.batch)
 
     def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int) -> None:
         # fed: everything committed before this step, then drafts 1..k-1 at old_len..old_len+k-2
@@ -163,7 +175,7 @@ class MTPDrafter(Drafter):
             d, q = self.draw(out.logits[:, -1], state)
             drafts.append(d)
             probs.append(q)
-        return Proposal(torch.stack(drafts, 1), torch.stack(probs, 1), torch.full((state.batch,), k))
+        return _proposal(drafts, probs, state.batch)
 
     def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int) -> None:
         # depth l is exact where its token index stays within the sequence committed when it ran

@@ -18,7 +18,7 @@ import torch
 from trtspec.speculative.drafters import BatchState, Drafter
 from trtspec.speculative.model import Transformer
 from trtspec.speculative.sampling import SamplingParams, probs_from_logits, sample
-from trtspec.speculative.verification import verify
+from trtspec.speculative.verification import verify, verify_greedy
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,11 @@ class SpeculativeRunner:
         out = self.target(state.tokens[:, :width], positions, cache)
         if needs_hidden:
             state.target_hidden[:, :width] = out.hidden
-        first = sample(probs_from_logits(out.logits[rows, prompt_lens - 1], params.sampling), generator)
+        last_logits = out.logits[rows, prompt_lens - 1]
+        if params.sampling.greedy:
+            first = last_logits.argmax(-1)
+        else:
+            first = sample(probs_from_logits(last_logits, params.sampling), generator)
         prefill_s = time.perf_counter() - t0
         commit(first[:, None], torch.ones(batch, dtype=torch.long))
         if self.drafter is not None:
@@ -184,8 +188,12 @@ class SpeculativeRunner:
             step_tokens = torch.cat([state.tokens[rows, old - 1][:, None], drafts], dim=1)
             positions = (old - 1)[:, None] + torch.arange(k + 1)[None, :]
             out = self.target(step_tokens, positions, cache)
-            p = probs_from_logits(out.logits, params.sampling)
-            result = self.verify_fn(drafts, q, p, generator, num_drafts)
+            if params.sampling.greedy and self.verify_fn is verify:
+                result = verify_greedy(drafts, out.logits, num_drafts)
+            else:
+                result = self.verify_fn(
+                    drafts, q, probs_from_logits(out.logits, params.sampling), generator, num_drafts
+                )
             if needs_hidden:
                 state.target_hidden[rows[:, None], positions] = out.hidden
             t2 = time.perf_counter()

@@ -1,0 +1,166 @@
+"""`trtspec generate` on the embedded pair: real tokenizer, real trained weights, every mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import CONFIGS
+
+from trtspec.assets import EMBEDDED_CHECKPOINTS
+from trtspec.cli import cli
+from trtspec.speculative.drafters import NgramDrafter
+
+PROMPT = "ROMEO:\nBut soft, what light"
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs():
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    results = {}
+    for mode in ("none", "draft-target", "mtp", "ngram"):
+        res = runner.invoke(
+            cli,
+            [
+                "generate",
+                str(CONFIGS / "tiny-draft-target.yaml"),
+                "--prompt",
+                PROMPT,
+                "--mode",
+                mode,
+                "--max-tokens",
+                "48",
+                "--ignore-eos",
+                "--json",
+            ],
+        )
+        assert res.exit_code == 0, res.output
+        results[mode] = json.loads(res.output)
+    return results
+
+
+def test_every_mode_generates_the_same_greedy_text(greedy_outputs):
+    plain = greedy_outputs["none"]
+    assert len(plain["tokens"]) == 48 and plain["text"].strip()
+    for mode in ("draft-target", "mtp", "ngram"):
+        assert greedy_outputs[mode]["tokens"] == plain["tokens"], mode
+        assert greedy_outputs[mode]["text"] == plain["text"]
+
+
+def test_trained_drafters_are_accepted_often(greedy_outputs):
+    # a trained draft and trained MTP layers agree with the target far above chance (1/2048)
+    assert greedy_outputs["draft-target"]["stats"]["acceptance_rate"] > 0.4
+    assert greedy_outputs["mtp"]["stats"]["acceptance_rate"] > 0.3
+    assert greedy_outputs["draft-target"]["stats"]["tokens_per_step"] > 1.5
+
+
+def test_generate_streams_text_and_reports_stats(runner):
+    res = runner.invoke(
+        cli,
+        [
+            "generate",
+            str(CONFIGS / "tiny-mtp.yaml"),
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            "20",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "3",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith(PROMPT) and len(res.stdout) > len(PROMPT)
+    assert "[mtp, K=3]" in res.stderr and "acceptance" in res.stderr
+    again = runner.invoke(
+        cli,
+        [
+            "generate",
+            str(CONFIGS / "tiny-mtp.yaml"),
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            "20",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "3",
+        ],
+    )
+    assert again.stdout == res.stdout
+
+
+def test_generate_rejects_bad_input_with_one_line(runner, tmp_path):
+    long_prompt = "word " * 2000
+    res = runner.invoke(cli, ["generate", str(CONFIGS / "tiny-draft-target.yaml"), "--prompt", long_prompt])
+    assert res.exit_code == 2 and "max_input_len" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = runner.invoke(
+        cli, ["generate", str(CONFIGS / "tiny-baseline.yaml"), "--prompt", "x", "--mode", "mtp", "--max-tokens", "0"]
+    )
+    assert res.exit_code == 2
+    no_draft = runner.invoke(
+        cli, ["generate", str(CONFIGS / "tiny-mtp.yaml"), "--prompt", "x", "--mode", "draft-target"]
+    )
+    assert no_draft.exit_code == 2 and "draft checkpoint" in no_draft.stderr
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(runner, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad-target"
+    shutil.copytree(EMBEDDED_CHECKPOINTS["tiny-target"], bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"name: c\ntarget: {{checkpoint: {bad}}}\nspeculation: {{mode: none}}\n"
+        "build: {backend: torch, max_input_len: 64, max_seq_len: 256}\n"
+    )
+    res = runner.invoke(cli, ["generate", str(cfg), "--prompt", "hello"])
+    assert res.exit_code == 2 and "corrupt safetensors" in res.stderr
+
+
+def test_ngram_lookup_continues_the_latest_match():
+    drafter = NgramDrafter(max_ngram=2)
+    assert drafter.lookup([1, 2, 3, 9, 1, 2, 3, 7, 1, 2], 3) == [3, 7, 1]
+    assert drafter.lookup([5, 6, 7], 3) == []
+    assert drafter.lookup([4, 4, 4], 2) == [4]
+
+
+def test_embedded_mtp_layers_match_the_training_script():
+    """The runner's MTP math is the math the layers were trained with (train.TargetWithMTP)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    from trtspec.assets.train import TargetWithMTP
+    from trtspec.speculative.model import load_transformer
+
+    path = EMBEDDED_CHECKPOINTS["tiny-target"]
+    cfg = LlamaConfig.from_pretrained(path)
+    ref = TargetWithMTP(cfg, cfg.num_nextn_predict_layers).float().eval()
+    layers = cfg.num_hidden_layers
+    state = {}
+    for key, value in load_file(str(path / "model.safetensors")).items():
+        parts = key.split(".")
+        if key.startswith("model.layers.") and int(parts[2]) >= layers:
+            rest = ".".join(parts[3:])
+            if rest not in ("embed_tokens.weight", "shared_head.head.weight"):
+                state[f"mtp.{int(parts[2]) - layers}.{rest}"] = value.float()
+        else:
+            state[f"trunk.{key}"] = value.float()
+    state.setdefault("trunk.lm_head.weight", state["trunk.model.embed_tokens.weight"])
+    ref.load_state_dict(state, strict=True)
+    ours = load_transformer(path)
+    ids = torch.randint(0, cfg.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids)
+        out = ours(ids, torch.arange(40)[None], ours.new_cache(1, 64))
+        cache = ours.new_mtp_cache(1, 64)
+        d1 = ours.mtp_forward(0, out.hidden[:, :39], ids[:, 1:], torch.arange(39)[None], cache)
+        d2 = ours.mtp_forward(1, d1.hidden[:, :38], ids[:, 2:], torch.arange(38)[None], cache)
+    for got, want in zip((out.logits, d1.logits, d2.logits), expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-4)

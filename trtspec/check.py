@@ -1,0 +1,379 @@
+"""`trtspec check`: every known pitfall of a pair, found from metadata before an hour-long build.
+
+Each finding carries a severity (error fails the check), what is wrong and how to fix it. The
+pitfalls and their TensorRT-LLM issue numbers are in the shared reference
+(trtllm-speculative-decoding.md §4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trtspec import support
+from trtspec.checkpoints.inspect import CheckpointInfo, read_checkpoint
+from trtspec.checkpoints.memory import MemoryPlan, model_memory
+from trtspec.checkpoints.tokenizer_compare import compare
+from trtspec.config import DeploymentConfig
+from trtspec.versions import minor
+
+MANY_DRAFT_TOKENS = 8
+
+
+@dataclass
+class Finding:
+    severity: str  # "error", "warning" or "info"
+    code: str
+    message: str
+    fix: str = ""
+
+
+class Report:
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.facts: dict[str, Any] = {}
+
+    def add(self, severity: str, code: str, message: str, fix: str = "") -> None:
+        self.findings.append(Finding(severity, code, message, fix))
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "findings": [asdict(f) for f in self.findings], "facts": self.facts}
+
+
+def _load(cfg: DeploymentConfig, field: str, report: Report) -> CheckpointInfo | None:
+    section = getattr(cfg, field)
+    path = cfg.checkpoint_path(section)
+    if path is None:
+        report.add(
+            "warning",
+            f"{field}-remote",
+            f"{field} {section.checkpoint} is a hub id and was not inspected",
+            "run trtspec check on the build host after downloading it, or point the config at a local copy",
+        )
+        return None
+    return read_checkpoint(path)
+
+
+def _check_tokenizers(target: CheckpointInfo, draft: CheckpointInfo, report: Report) -> None:
+    diff = compare(target, draft)
+    if not diff.comparable:
+        report.add(
+            "warning",
+            "tokenizer-unknown",
+            "no tokenizer files to compare in one or both checkpoints",
+            "add tokenizer.json (or the tokenizer's vocab files) to both checkpoints",
+        )
+    for what, items in (
+        ("token-to-id map", diff.vocab_differences),
+        ("added tokens", diff.added_differences),
+        ("special tokens", diff.special_differences),
+    ):
+        if items:
+            report.add(
+                "error",
+                "tokenizer-mismatch",
+                f"draft and target differ in their {what}: {'; '.join(items)}",
+                "use a draft trained with the target's tokenizer; acceptance collapses otherwise",
+            )
+    if diff.merges_differ:
+        report.add(
+            "error",
+            "tokenizer-mismatch",
+            "draft and target BPE merges differ",
+            "use a draft trained with the target's tokenizer",
+        )
+    if diff.raw_differences:
+        report.add(
+            "error",
+            "tokenizer-mismatch",
+            f"tokenizer files differ: {', '.join(diff.raw_differences)}",
+            "use a draft trained with the target's tokenizer",
+        )
+    tv, dv = target.config.get("vocab_size"), draft.config.get("vocab_size")
+    report.facts["vocab_size"] = {"target": tv, "draft": dv, "tokenizer_max_id": diff.target_max_id}
+    for name, info, size, max_id in (
+        ("target", target, tv, diff.target_max_id),
+        ("draft", draft, dv, diff.draft_max_id),
+    ):
+        if size is not None and max_id >= size:
+            report.add(
+                "error",
+                "tokenizer-beyond-vocab",
+                f"{name}'s tokenizer produces id {max_id} but its vocab_size is {size}",
+                f"pair {info.path} with the tokenizer it was trained with",
+            )
+    if tv is not None and dv is not None and tv != dv:
+        lo, hi = min(tv, dv), max(tv, dv)
+        larger = "target" if tv > dv else "draft"
+        if max(diff.target_max_id, diff.draft_max_id) >= lo:
+            report.add(
+                "error",
+                "vocab-size-mismatch",
+                f"vocab_size differs (target {tv}, draft {dv}) and the tokenizer maps tokens into ids "
+                f"{lo}..{hi - 1}, which only the {larger} has",
+                "use a draft with the target's vocabulary",
+            )
+        else:
+            report.add(
+                "warning",
+                "vocab-padding",
+                f"vocab_size differs (target {tv}, draft {dv}): ids {lo}..{hi - 1} exist only in the "
+                f"{larger}'s embedding; no token maps there (the tokenizer ends at id "
+                f"{max(diff.target_max_id, diff.draft_max_id)}), so they are padding",
+                "compatible if those ids are never sampled; TensorRT-LLM crashed on such pairs with draft "
+                "logits (#2789): prefer token acceptance (use_draft_logits: false) or pad both to the "
+                "same size",
+            )
+
+
+def _check_support(
+    cfg: DeploymentConfig,
+    target: CheckpointInfo | None,
+    draft: CheckpointInfo | None,
+    gpu_sm: float | None,
+    report: Report,
+) -> None:
+    mode, backend = cfg.mode, cfg.build.backend
+    row = support.lookup(mode, backend)
+    version = minor(cfg.build.tensorrt_llm_version)
+    if row.versions is not None and version not in row.versions:
+        report.add(
+            "error",
+            "unsupported",
+            f"mode {mode} does not exist on backend {backend} in TensorRT-LLM {version}",
+            "use backend pytorch for MTP" if mode == "mtp" else "pick a supported backend",
+        )
+        return
+    for name, info in (("target", target), ("draft", draft)):
+        if info is None or row.architectures is None:
+            continue
+        arch = info.architecture
+        if arch in row.unverified_architectures:
+            report.add(
+                "warning",
+                "architecture-unverified",
+                f"{name} architecture {arch}: {mode} on {backend} is reported to work but is not in the "
+                "documentation's support table",
+                "validate on a small run before a long build",
+            )
+        elif arch not in row.architectures:
+            report.add(
+                "error",
+                "architecture-unsupported",
+                f"{name} architecture {arch} is not supported for {mode} on backend {backend} "
+                f"(supported: {', '.join(row.architectures)})",
+                "use backend pytorch" if backend != "pytorch" else "use a supported model",
+            )
+    if row.min_sm is not None:
+        if gpu_sm is None:
+            report.add(
+                "info", "compute-capability", f"needs compute capability >= {row.min_sm:.1f}; no GPU here to check", ""
+            )
+        elif gpu_sm < row.min_sm:
+            report.add(
+                "error",
+                "compute-capability",
+                f"{mode} on {backend} needs compute capability >= {row.min_sm:.1f}, this GPU has {gpu_sm:.1f}",
+                "use an Ampere (8.0) or newer GPU; MTP needs Hopper (9.0)",
+            )
+    if cfg.mtp is not None and cfg.mtp.relaxed_acceptance:
+        report.add(
+            "warning",
+            "not-lossless",
+            "mtp.relaxed_acceptance changes outputs: speculation is no longer "
+            "lossless (TensorRT-LLM applies it in DeepSeek-R1's thinking phase only)",
+            "set relaxed_acceptance: false to keep the target's exact distribution",
+        )
+
+
+def _check_mtp(cfg: DeploymentConfig, target: CheckpointInfo, report: Report) -> None:
+    layers = int(target.config.get("num_nextn_predict_layers") or 0)
+    if layers <= 0:
+        report.add(
+            "error",
+            "mtp-missing",
+            f"{target.path}: config.json has no num_nextn_predict_layers > 0",
+            "use a checkpoint that carries MTP layers (DeepSeek-V3/R1) or mode draft-target",
+        )
+        return
+    wanted = cfg.mtp.num_nextn_predict_layers if cfg.mtp and cfg.mtp.num_nextn_predict_layers else layers
+    if wanted > layers:
+        report.add(
+            "error",
+            "mtp-layers",
+            f"mtp.num_nextn_predict_layers is {wanted}, the checkpoint has {layers}",
+            f"set it to at most {layers}; more drafts reuse the layers (speculation.num_draft_tokens)",
+        )
+    base = int(target.config["num_hidden_layers"])
+    if target.weight_names is None:
+        report.add(
+            "warning", "mtp-weights-unknown", "no weight index or safetensors headers to look for MTP weights", ""
+        )
+        return
+    for k in range(min(wanted, layers)):
+        need = [
+            f"model.layers.{base + k}.{n}"
+            for n in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight")
+        ]
+        missing = [n for n in need if n not in target.weight_names]
+        if missing:
+            report.add(
+                "error",
+                "mtp-weights-missing",
+                f"MTP layer {base + k} weights missing: {', '.join(missing)}",
+                "use the full checkpoint: some conversions drop the MTP layer (DeepSeek's convert.py skips it)",
+            )
+
+
+def _check_limits(
+    cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
+) -> None:
+    b, k = cfg.build, cfg.speculation.num_draft_tokens
+    drafts = 0 if cfg.mode == "none" else (k if isinstance(k, int) else 0)
+    output = cfg.speculation.sampling.max_tokens
+    need = b.max_input_len + output + drafts
+    if b.max_seq_len < need:
+        report.add(
+            "error",
+            "max-seq-len",
+            f"max_seq_len {b.max_seq_len} < max_input_len {b.max_input_len} + output "
+            f"{output} + draft tokens {drafts} = {need} (TensorRT-LLM asserts this at run time, #2494)",
+            f"raise build.max_seq_len to {need} or lower max_input_len / sampling.max_tokens",
+        )
+    if drafts > MANY_DRAFT_TOKENS:
+        report.add(
+            "warning",
+            "many-drafts",
+            f"num_draft_tokens {drafts}: acceptance of late positions rarely pays for their verify cost",
+            "run trtspec plan to measure the best K",
+        )
+    for name, info in (("target", target), ("draft", draft)):
+        if info is None:
+            continue
+        c = info.config
+        ctx = c.get("max_position_embeddings")
+        if ctx is not None and b.max_seq_len + drafts > ctx:
+            report.add(
+                "error",
+                "context-length",
+                f"{name} max_position_embeddings is {ctx}, below max_seq_len "
+                f"{b.max_seq_len} + {drafts} drafts (a draft cannot inherit the target's max_seq_len, PR #4879)",
+                f"lower build.max_seq_len to {ctx - drafts}",
+            )
+        heads, kv = c.get("num_attention_heads"), c.get("num_key_value_heads") or c.get("num_attention_heads")
+        if heads and heads % b.tp:
+            report.add(
+                "error",
+                "tp-heads",
+                f"{name} has {heads} attention heads, not divisible by tp {b.tp}",
+                "choose tp dividing the head count",
+            )
+        if kv and kv % b.tp and b.tp % kv and not c.get("kv_lora_rank"):
+            report.add(
+                "error",
+                "tp-kv-heads",
+                f"{name} has {kv} KV heads: tp {b.tp} must divide them or be a multiple",
+                "choose a tp that divides or is a multiple of the KV heads",
+            )
+        layers = c.get("num_hidden_layers")
+        if layers and layers % b.pp:
+            report.add(
+                "error",
+                "pp-layers",
+                f"{name} has {layers} layers, not divisible by pp {b.pp}",
+                "choose pp dividing the layer count",
+            )
+
+
+def _check_differences(target: CheckpointInfo, draft: CheckpointInfo, report: Report) -> None:
+    t, d = target.config, draft.config
+    for key, why in (
+        ("torch_dtype", "mixed precision pairs build with different gemm plugins"),
+        ("rope_scaling", "different RoPE scaling changes long-context behaviour"),
+        ("rope_parameters", "different RoPE settings change long-context behaviour"),
+        ("max_position_embeddings", "the shorter context bounds the deployment"),
+    ):
+        tv, dv = (
+            t.get(key, t.get("dtype") if key == "torch_dtype" else None),
+            d.get(key, d.get("dtype") if key == "torch_dtype" else None),
+        )
+        if tv != dv:
+            report.add("warning", f"differs-{key.replace('_', '-')}", f"{key}: target {tv} vs draft {dv}", why)
+
+
+def _check_memory(
+    cfg: DeploymentConfig, target: CheckpointInfo, draft: CheckpointInfo | None, gpu_gb: float | None, report: Report
+) -> None:
+    b = cfg.build
+    if b.backend == "torch" and gpu_gb is None:
+        return
+    if gpu_gb is None:
+        report.add("info", "memory", "GPU memory unknown: set build.gpu_memory_gb to check memory", "")
+        return
+    tm = model_memory(target.config, cfg.target.dtype, cfg.target.quantization, b.backend, b.tp, b.pp)
+    dm = None
+    if draft is not None and cfg.draft is not None:
+        dm = model_memory(draft.config, cfg.draft.dtype, cfg.draft.quantization, b.backend, b.tp, b.pp)
+    plan = MemoryPlan(gpu_gb, tm, dm, b.max_batch_size * b.max_seq_len, b.kv_cache_free_gpu_mem_fraction)
+    report.facts["memory"] = plan.as_dict()
+    if plan.weights_gb > gpu_gb:
+        report.add(
+            "error",
+            "memory-weights",
+            f"weights need {plan.weights_gb:.1f} GB per GPU, the GPU has {gpu_gb:.0f} GB",
+            "quantize (fp8 halves BF16 weights) or raise tp/pp",
+        )
+        return
+    if plan.kv_needed_gb > plan.kv_budget_gb:
+        per_seq = plan.kv_needed_gb / b.max_batch_size
+        fits = int(plan.kv_budget_gb // per_seq) if per_seq else 0
+        report.add(
+            "warning",
+            "memory-kv",
+            f"both KV caches at max_batch_size {b.max_batch_size} x max_seq_len "
+            f"{b.max_seq_len} need {plan.kv_needed_gb:.1f} GB per GPU, {plan.kv_budget_gb:.1f} GB is left: "
+            f"about {fits} full-length sequences fit",
+            "lower max_batch_size or max_seq_len, or raise tp",
+        )
+    split = plan.fraction_split()
+    if split is not None and b.backend == "tensorrt":
+        report.add(
+            "info",
+            "kv-fraction-split",
+            f"two models share each GPU: set kv_cache_free_gpu_mem_fraction to "
+            f"{split[0]} for the target and {split[1]} for the draft (target loaded first) so each gets "
+            "KV memory in proportion to its bytes per token",
+            "trtspec writes these into the repository",
+        )
+
+
+def detect_gpu() -> tuple[float | None, float | None]:
+    """(compute capability, memory in GB) of GPU 0, or Nones."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, None
+    props = torch.cuda.get_device_properties(0)
+    return props.major + props.minor / 10, props.total_memory / 1e9
+
+
+def run_check(cfg: DeploymentConfig) -> Report:
+    report = Report()
+    target = _load(cfg, "target", report)
+    draft = _load(cfg, "draft", report) if cfg.draft is not None and cfg.mode == "draft-target" else None
+    gpu_sm, gpu_gb = detect_gpu()
+    gpu_gb = cfg.build.gpu_memory_gb or gpu_gb
+    if target is not None and draft is not None:
+        _check_tokenizers(target, draft, report)
+        _check_differences(target, draft, report)
+    _check_support(cfg, target, draft, gpu_sm, report)
+    if cfg.mode == "mtp" and target is not None:
+        _check_mtp(cfg, target, report)
+    _check_limits(cfg, target, draft, report)
+    if target is not None:
+        _check_memory(cfg, target, draft, gpu_gb, report)
+    return report

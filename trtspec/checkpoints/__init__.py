@@ -1,0 +1,1 @@
+"""Reading and comparing checkpoints and tokenizers without loading weights."""

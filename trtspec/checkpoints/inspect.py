@@ -1,0 +1,75 @@
+"""What a checkpoint directory holds, read from its metadata only (config.json, weight index or
+safetensors headers, tokenizer files): a 70B check must take a second, not a weight load."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import UsageError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    config: dict[str, Any]
+    weight_names: set[str] | None  # None: no index or headers readable
+    tokenizer: dict[str, Any] = field(default_factory=dict)  # file name -> parsed JSON
+
+    @property
+    def architecture(self) -> str:
+        return (self.config.get("architectures") or ["?"])[0]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: corrupt JSON: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc}") from None
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a .safetensors file (names, dtypes, shapes) without reading tensors."""
+    with path.open("rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise UsageError(f"{path}: corrupt safetensors file (shorter than its header length)")
+        (size,) = struct.unpack("<Q", raw)
+        if size > 100 * 2**20:
+            raise UsageError(f"{path}: corrupt safetensors file (header of {size} bytes)")
+        try:
+            header = json.loads(fh.read(size))
+        except json.JSONDecodeError:
+            raise UsageError(f"{path}: corrupt safetensors header") from None
+    header.pop("__metadata__", None)
+    return header
+
+
+def weight_names(path: Path) -> set[str] | None:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return set(_read_json(index).get("weight_map", {}))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    names: set[str] = set()
+    for f in files:
+        names |= set(safetensors_header(f))
+    return names
+
+
+def read_checkpoint(path: Path) -> CheckpointInfo:
+    if not path.is_dir():
+        raise UsageError(f"{path}: no such checkpoint directory")
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise UsageError(f"{path}: not a Hugging Face checkpoint (no config.json)")
+    tokenizer = {name: _read_json(path / name) for name in TOKENIZER_FILES if (path / name).is_file()}
+    return CheckpointInfo(path, _read_json(cfg_path), weight_names(path), tokenizer)

@@ -1,0 +1,63 @@
+"""Assemble a runner from checkpoint paths: the one place that knows which drafter each mode uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trtspec.errors import UsageError
+from trtspec.speculative.drafters import Drafter, DraftModelDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.model import Transformer, load_transformer
+from trtspec.speculative.runner import SpeculativeRunner
+
+RUNNER_MODES = ("none", "draft-target", "mtp", "ngram")
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("build.device is cuda but torch sees no CUDA device (set device: cpu or auto)")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_runner(
+    target_path: Path,
+    mode: str,
+    draft_path: Path | None = None,
+    num_draft_tokens: int = 4,
+    mtp_layers: int | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    max_len: int = 2048,
+    target: Transformer | None = None,
+) -> SpeculativeRunner:
+    """A runner for `mode`; pass `target` to share one loaded target between several runners."""
+    if mode not in RUNNER_MODES:
+        raise UsageError(f"mode must be one of {', '.join(RUNNER_MODES)}, got {mode!r}")
+    target = target or load_transformer(target_path, dtype=dtype, device=device, max_len=max_len, mtp_layers=mtp_layers)
+    drafter: Drafter | None = None
+    if mode == "draft-target":
+        if draft_path is None:
+            raise UsageError("mode draft-target needs a draft checkpoint")
+        draft = load_transformer(draft_path, dtype=dtype, device=device, max_len=max_len)
+        if draft.dims.vocab_size != target.dims.vocab_size:
+            raise UsageError(
+                f"draft vocab_size {draft.dims.vocab_size} != target vocab_size "
+                f"{target.dims.vocab_size}; run `trtspec check` on the pair"
+            )
+        drafter = DraftModelDrafter(draft)
+    elif mode == "mtp":
+        if target.dims.num_mtp_layers == 0:
+            raise UsageError(f"{target_path}: no MTP layers (config.json num_nextn_predict_layers is 0 or absent)")
+        drafter = MTPDrafter(target, mtp_layers)
+    elif mode == "ngram":
+        drafter = NgramDrafter()
+    return SpeculativeRunner(target, drafter, num_draft_tokens=num_draft_tokens, max_len=max_len)
