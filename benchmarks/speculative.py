@@ -23,7 +23,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.fsutil import atomic_write_text
-from trtspec.speculative.cost_model import expected_tokens_per_step_positional
+from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.model import Transformer, load_transformer
 from trtspec.speculative.runner import GenerationParams
@@ -34,8 +34,8 @@ TARGET, DRAFT = EMBEDDED_CHECKPOINTS["tiny-target"], EMBEDDED_CHECKPOINTS["tiny-
 
 def load_prompts(tokenizer, count: int, max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
     """Half Spec-Bench first turns (one per category, in order), half held-out Shakespeare."""
-    card = json.loads((TARGET.parent / "training_log.json").read_text())
-    offset = int(card["corpus"]["validation_start_char"])
+    card = json.loads((TARGET.parent / "training_log.json").read_text())  # written by assets/train.py
+    offset = int(card["corpus"]["val_offset"])
     rows = [json.loads(line) for line in (SHARED / "spec_bench_questions.jsonl").read_text().splitlines()]
     by_category: dict[str, str] = {}
     for row in rows:
@@ -66,6 +66,7 @@ def median_ms(fn, reps: int = 30) -> float:
 @torch.inference_mode()
 def step_costs(target: Transformer, draft: Transformer, k_max: int, context: int = 128) -> dict:
     """Per-call costs at a realistic cache length: target 1 token, verify K+1 tokens, draft and MTP steps."""
+
     def fwd(model, width):
         cache = model.new_cache(1, context + 32)
         model(torch.randint(0, 100, (1, context)), torch.arange(context)[None], cache)
@@ -101,11 +102,16 @@ def run_trtspec(runner, prompts, max_tokens: int) -> dict:
         for j, (d, a) in enumerate(zip(g.stats.drafted_per_position, g.stats.accepted_per_position, strict=True)):
             per_pos_d[j] += d
             per_pos_a[j] += a
-    # conditional acceptance at position j: accepted at j / accepted at j-1 (drafted at j)
-    rates = [a / d if d else 0.0 for d, a in zip(per_pos_d, per_pos_a, strict=True) if d]
-    return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "steps": steps,
-            "acceptance": accepted / drafted if drafted else None, "acceptance_per_position": rates,
-            "outputs": outputs}
+    rates = conditional_rates(per_pos_d, per_pos_a)
+    return {
+        "tokens_per_s": tokens / seconds,
+        "tokens": tokens,
+        "seconds": seconds,
+        "steps": steps,
+        "acceptance": accepted / drafted if drafted else None,
+        "acceptance_per_position": rates,
+        "outputs": outputs,
+    }
 
 
 @torch.inference_mode()
@@ -156,8 +162,11 @@ def main() -> int:
     plain = run_trtspec(load_runner(TARGET, "none", target=target, max_len=max_len), prompts, args.max_tokens)
     record("none", 0, plain, None)
     exact = {}
-    for mode, ks, c in (("draft-target", draft_ks, costs["c_draft"]), ("mtp", mtp_ks, costs["c_mtp"]),
-                        ("ngram", [2, 4], 0.0)):
+    for mode, ks, c in (
+        ("draft-target", draft_ks, costs["c_draft"]),
+        ("mtp", mtp_ks, costs["c_mtp"]),
+        ("ngram", [2, 4], 0.0),
+    ):
         for k in ks:
             runner = load_runner(TARGET, mode, DRAFT, num_draft_tokens=k, target=target, max_len=max_len)
             res = run_trtspec(runner, prompts, args.max_tokens)
@@ -167,14 +176,25 @@ def main() -> int:
     hf_target = LlamaForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(DRAFT, dtype=torch.float32).eval()
     hf_rows = [("hf-plain", 0, {})]
-    hf_rows += [("hf-assisted", k, {"assistant_model": hf_draft, "num_assistant_tokens": k,
-                                    "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0})
-                for k in draft_ks]
+    hf_rows += [
+        (
+            "hf-assisted",
+            k,
+            {
+                "assistant_model": hf_draft,
+                "num_assistant_tokens": k,
+                "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0,
+            },
+        )
+        for k in draft_ks
+    ]
     hf_rows += [("hf-prompt-lookup", k, {"prompt_lookup_num_tokens": k}) for k in (2, 4)]
     for name, k, kw in hf_rows:
         res = run_hf(hf_target, prompts, args.max_tokens, **kw)
-        rows.append({"engine": "transformers", "mode": name, "k": k,
-                     **{x: y for x, y in res.items() if x != "outputs"}})
+        rows.append(
+            {"engine": "transformers", "mode": name, "k": k, **{x: y for x, y in res.items() if x != "outputs"}}
+        )
         print(f"  {name:16s} K={k}  {res['tokens_per_s']:7.1f} tok/s", file=sys.stderr, flush=True)
 
     base = plain["tokens_per_s"]
@@ -184,8 +204,9 @@ def main() -> int:
             row["efficiency"] = row["speedup"] / row["bound"]
     best = {}
     for mode in ("draft-target", "mtp", "ngram"):
-        best[mode] = max((r for r in rows if r["engine"] == "trtspec" and r["mode"] == mode),
-                         key=lambda r: r["tokens_per_s"])
+        best[mode] = max(
+            (r for r in rows if r["engine"] == "trtspec" and r["mode"] == mode), key=lambda r: r["tokens_per_s"]
+        )
     hf_assisted = max((r for r in rows if r["mode"] == "hf-assisted"), key=lambda r: r["tokens_per_s"])
     summary = {
         "plain_tokens_per_s": base,
@@ -200,9 +221,16 @@ def main() -> int:
             "vs_hf_1.3x": best["draft-target"]["tokens_per_s"] / hf_assisted["tokens_per_s"] >= 1.3,
         },
     }
-    report = {"benchmark": "speculative", "threads": args.threads, "prompts": [n for n, _ in prompts],
-              "max_tokens": args.max_tokens, "costs": costs, "rows": rows, "summary": summary,
-              "torch": torch.__version__}
+    report = {
+        "benchmark": "speculative",
+        "threads": args.threads,
+        "prompts": [n for n, _ in prompts],
+        "max_tokens": args.max_tokens,
+        "costs": costs,
+        "rows": rows,
+        "summary": summary,
+        "torch": torch.__version__,
+    }
     atomic_write_text(args.out, json.dumps(report, indent=2))
 
     header = ("engine", "mode", "K", "tok/s", "speedup", "accept", "bound", "eff")
@@ -211,10 +239,14 @@ def main() -> int:
         acc = f"{r['acceptance']:.2f}" if r.get("acceptance") is not None else "-"
         bound = f"{r['bound']:.2f}" if "bound" in r else "-"
         eff = f"{r['efficiency']:.2f}" if "efficiency" in r else "-"
-        print(f"{r['engine']:13s} {r['mode']:17s} {r['k']:>2d} {r['tokens_per_s']:7.1f} {r['speedup']:7.2f} "
-              f"{acc:>6s} {bound:>6s} {eff:>5s}")
-    print(f"c(draft)={costs['c_draft']:.3f} c(mtp)={costs['c_mtp']:.3f} target step {costs['target_ms']:.2f} ms; "
-          f"vs HF assisted: {summary['vs_hf_assisted']:.2f}x; targets: {summary['targets']}")
+        print(
+            f"{r['engine']:13s} {r['mode']:17s} {r['k']:>2d} {r['tokens_per_s']:7.1f} {r['speedup']:7.2f} "
+            f"{acc:>6s} {bound:>6s} {eff:>5s}"
+        )
+    print(
+        f"c(draft)={costs['c_draft']:.3f} c(mtp)={costs['c_mtp']:.3f} target step {costs['target_ms']:.2f} ms; "
+        f"vs HF assisted: {summary['vs_hf_assisted']:.2f}x; targets: {summary['targets']}"
+    )
     print(f"wrote {args.out}")
     return 0
 

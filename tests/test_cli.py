@@ -124,3 +124,13 @@ def test_doctor_finds_tritonserver_from_the_server_extra(doctor_report):
     server = doctor_report["tritonserver"]
     assert server is not None and server["binary"].endswith("tritonserver")
     assert doctor_report["capabilities"]["torch"]["serve"] is True
+
+
+def test_readme_shows_the_support_table_from_code():
+    from conftest import REPO
+
+    from trtspec.support import support_table_markdown
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- support-table -->")[1].split("<!-- /support-table -->")[0].strip()
+    assert block == support_table_markdown()

@@ -41,3 +41,14 @@ def test_speedup_and_best_k():
 def test_positional_best_k_stops_where_acceptance_collapses():
     k, _ = best_k_positional([0.9, 0.8, 0.1, 0.1], c=0.1)
     assert k == 2
+
+
+def test_conditional_rates_from_runner_counts():
+    from trtspec.speculative.cost_model import conditional_rates
+
+    # 100 steps: 80 accepted position 0, 60 of those also position 1, 30 also position 2
+    assert conditional_rates([100, 100, 100], [80, 60, 30]) == [0.8, 0.75, 0.5]
+    assert math.isclose(
+        expected_tokens_per_step_positional(conditional_rates([100, 100, 100], [80, 60, 30])), 1 + 0.8 + 0.6 + 0.3
+    )
+    assert conditional_rates([10, 10], [0, 0]) == [0.0]

@@ -51,10 +51,12 @@ def test_every_mode_generates_the_same_greedy_text(greedy_outputs):
 
 
 def test_trained_drafters_are_accepted_often(greedy_outputs):
-    # a trained draft and trained MTP layers agree with the target far above chance (1/2048)
-    assert greedy_outputs["draft-target"]["stats"]["acceptance_rate"] > 0.4
-    assert greedy_outputs["mtp"]["stats"]["acceptance_rate"] > 0.3
-    assert greedy_outputs["draft-target"]["stats"]["tokens_per_step"] > 1.5
+    # a trained draft and trained MTP layers agree with the target far above chance (1/2048): the first
+    # draft of a step is accepted about 60% of the time (the model card's teacher-forced top-1 agreement)
+    for mode in ("draft-target", "mtp"):
+        stats = greedy_outputs[mode]["stats"]
+        assert stats["acceptance_per_position"][0] > 0.4, mode
+        assert stats["tokens_per_step"] > 1.5, mode
 
 
 def test_generate_streams_text_and_reports_stats(runner):

@@ -149,6 +149,82 @@ def check(config: Path, as_json: bool) -> None:
 
 @cli.command()
 @config_argument
+@click.option(
+    "--prompts",
+    "prompts_file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSONL (Spec-Bench rows or prompt/text fields) or text, one prompt per line.",
+)
+@click.option("--max-tokens", type=click.IntRange(8), default=96, help="Tokens generated per prompt.")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Use the first N prompts.")
+@click.option("--per-category", type=click.IntRange(1), default=None, help="Use the first N prompts of each category.")
+@click.option(
+    "--gpu",
+    type=click.Choice(["a100", "h100", "h200", "b200"]),
+    default=None,
+    help="GPU to estimate costs for (non-torch backends; default from build.gpu_memory_gb).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Directory for plan.json and plan.png (default engines/NAME).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print plan.json.")
+def plan(
+    config: Path,
+    prompts_file: Path,
+    max_tokens: int,
+    limit: int | None,
+    per_category: int | None,
+    gpu: str | None,
+    out: Path | None,
+    as_json: bool,
+) -> None:
+    """Measure acceptance on your prompts, choose num_draft_tokens, predict speedup per batch size."""
+    from trtspec.config import load_config
+    from trtspec.fsutil import atomic_write_text
+    from trtspec.plan import run_plan, write_plot
+    from trtspec.prompts import load_prompts
+
+    cfg = load_config(config)
+    prompts = load_prompts(prompts_file, limit=limit, per_category=per_category)
+    result = run_plan(cfg, prompts, max_tokens, gpu)
+    out = out or Path(cfg.build.output_dir) / cfg.name
+    atomic_write_text(out / "plan.json", json.dumps(result, indent=2))
+    write_plot(result, out / "plan.png")
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"trtspec plan: {cfg.name} ({result['costs']['where']})")
+    table.add_column("batch")
+    table.add_column("best K")
+    table.add_column("speedup at best K")
+    table.add_column(f"speedup at K={result['recommended_num_draft_tokens']}")
+    for b, best in result["best_by_batch"].items():
+        at_rec = result["predicted_speedup"][b][str(result["recommended_num_draft_tokens"])]
+        table.add_row(b, str(best["k"]), f"{best['speedup']:.2f}x", f"{at_rec:.2f}x")
+    console.print(table)
+    rates = ", ".join(f"{r:.2f}" for r in result["acceptance_per_position"])
+    console.print(f"acceptance per position: {rates}; c = {result['costs']['c']:.3f}")
+    for cat, row in sorted(result["by_category"].items()):
+        console.print(f"  {cat:16s} acceptance {row['acceptance_rate']:.2f}, tokens/step {row['tokens_per_step']:.2f}")
+    stop = result["stops_paying_at_batch"]
+    console.print(
+        f"recommended num_draft_tokens: {result['recommended_num_draft_tokens']} "
+        f"(predicted {result['predicted_speedup_batch1']:.2f}x at batch 1); "
+        + (
+            f"speculation stops paying at batch {stop}"
+            if stop
+            else f"pays at every batch size up to {cfg.build.max_batch_size}"
+        )
+    )
+    console.print(f"wrote {out / 'plan.json'} and {out / 'plan.png'}")
+
+
+@cli.command()
+@config_argument
 @click.option("--prompt", required=True, help="Prompt text.")
 @click.option(
     "--mode",

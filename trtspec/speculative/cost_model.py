@@ -50,3 +50,18 @@ def best_k(a: float, c: float, v: Callable[[int], float] | float = 1.0, k_max: i
 def best_k_positional(rates: Sequence[float], c: float, v: Callable[[int], float] | float = 1.0) -> tuple[int, float]:
     """Best K <= len(rates) when acceptance is given per position."""
     return max(((k, speedup_positional(rates[:k], c, v)) for k in range(len(rates) + 1)), key=lambda kv: kv[1])
+
+
+def conditional_rates(drafted: Sequence[int], accepted: Sequence[int]) -> list[float]:
+    """Per-position acceptance given the previous positions were accepted, from runner counts.
+
+    accepted[j] counts steps where positions 0..j were all accepted; drafted[0] counts steps.
+    """
+    rates = []
+    previous = drafted[0] if drafted else 0
+    for a in accepted:
+        if previous == 0:
+            break
+        rates.append(a / previous)
+        previous = a
+    return rates

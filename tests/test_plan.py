@@ -1,0 +1,129 @@
+"""`trtspec plan`: prompt formats, the prediction from acceptance and costs, the GPU roofline, and a
+run on the embedded pair that writes plan.json and plan.png."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import CONFIGS, SHARED
+from test_check import DEEPSEEK_R1, LLAMA_1B, LLAMA_70B, _published, config
+
+from trtspec.cli import cli
+from trtspec.config import validate_config
+from trtspec.errors import UsageError
+from trtspec.plan import batch_sizes, gpu_costs, predict
+from trtspec.prompts import load_prompts
+
+
+def test_prompt_formats(tmp_path):
+    spec = load_prompts(SHARED / "data" / "spec_bench_questions.jsonl", per_category=2)
+    assert len(spec) == 26 and len({p.category for p in spec}) == 13
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"prompt": "hello"}\n\n{"text": "world", "category": "qa"}\n')
+    assert [(p.text, p.category) for p in load_prompts(rows)] == [("hello", "all"), ("world", "qa")]
+    text = tmp_path / "p.txt"
+    text.write_text("first line\nsecond\\nline\n")
+    assert [p.text for p in load_prompts(text)] == ["first line", "second\nline"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
+    with pytest.raises(UsageError, match=r"bad.jsonl:2: no prompt text"):
+        load_prompts(bad)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": \n')
+    with pytest.raises(UsageError, match="invalid JSON"):
+        load_prompts(broken)
+
+
+def test_prediction_from_known_costs():
+    # plain step 10 ms; a draft token 1 ms; verifying K+1 tokens 10 + K ms
+    costs = {
+        "by_batch": {
+            1: {"plain_s": 0.010, "draft_s": 0.001, "verify_s": {k: 0.010 + 0.001 * k for k in (1, 2, 3)}},
+            8: {"plain_s": 0.010, "draft_s": 0.004, "verify_s": {k: 0.010 * (k + 1) for k in (1, 2, 3)}},
+        }
+    }
+    rates = [0.8, 0.5, 0.5]
+    out = predict(rates, costs)
+    # K=2 at batch 1: tokens 1 + 0.8 + 0.4 = 2.2, cost 2 x 1 + 12 = 14 ms -> 2.2 x 10 / 14
+    assert out["speedup"][1][2] == pytest.approx(2.2 * 10 / 14)
+    assert out["best"][1]["k"] == 2
+    # at batch 8 verification is compute-bound: every K loses
+    assert out["best"][8]["speedup"] < 1 and out["stops_paying_at_batch"] == 8
+
+
+def test_batch_sizes():
+    assert batch_sizes(1) == [1] and batch_sizes(16) == [1, 2, 4, 8, 16] and batch_sizes(12) == [1, 2, 4, 8, 12]
+
+
+def test_gpu_roofline_for_published_pairs(tmp_path):
+    data = config(
+        tmp_path,
+        _published(tmp_path, "70b", LLAMA_70B),
+        _published(tmp_path, "1b", LLAMA_1B),
+        build={"gpu_memory_gb": 141, "max_batch_size": 64},
+    )
+    data["target"]["quantization"] = "fp8"
+    costs = gpu_costs(validate_config(data), "h200", 4, [1, 64], context=1024)
+    # c is the ratio of bytes read per step: 2.47 GB of BF16 draft against 70.6 GB of FP8 target, plus KV
+    assert 0.03 < costs["c"] < 0.05
+    # at batch 1 verifying 5 tokens costs the same memory traffic as 1
+    assert costs["by_batch"][1]["verify_s"][4] == pytest.approx(costs["by_batch"][1]["plain_s"])
+    ds = config(
+        tmp_path,
+        _published(tmp_path, "r1", DEEPSEEK_R1),
+        speculation={"mode": "mtp"},
+        build={"backend": "pytorch", "tp": 8, "gpu_memory_gb": 141},
+        serve={"flavour": "llmapi", "streaming": True},
+    )
+    ds_costs = gpu_costs(validate_config(ds), "h200", 3, [1], context=1024)
+    assert 0.01 < ds_costs["c"] < 0.05  # one MTP layer against 61 trunk layers
+
+
+@pytest.mark.slow
+def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
+    res = runner.invoke(
+        cli,
+        [
+            "plan",
+            str(CONFIGS / "tiny-draft-target.yaml"),
+            "--prompts",
+            str(SHARED / "data" / "spec_bench_questions.jsonl"),
+            "--per-category",
+            "1",
+            "--limit",
+            "4",
+            "--max-tokens",
+            "24",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan == json.loads(res.output)
+    assert 1 <= plan["recommended_num_draft_tokens"] <= 8
+    assert len(plan["acceptance_per_position"]) >= 1 and all(0 <= r <= 1 for r in plan["acceptance_per_position"])
+    first_four = {p.category for p in load_prompts(SHARED / "data" / "spec_bench_questions.jsonl", per_category=1)[:4]}
+    assert set(plan["by_category"]) == first_four
+    assert set(plan["best_by_batch"]) == {"1", "2", "4"}
+    assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_refuses_baseline_and_hub_ids(runner, tmp_path):
+    res = runner.invoke(
+        cli,
+        ["plan", str(CONFIGS / "tiny-baseline.yaml"), "--prompts", str(SHARED / "data" / "spec_bench_questions.jsonl")],
+    )
+    assert res.exit_code == 2 and "nothing to plan" in res.stderr
+    res = runner.invoke(
+        cli,
+        [
+            "plan",
+            str(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml"),
+            "--prompts",
+            str(SHARED / "data" / "spec_bench_questions.jsonl"),
+        ],
+    )
+    assert res.exit_code == 2 and "hub id" in res.stderr

@@ -1,0 +1,301 @@
+"""`trtspec plan`: measured acceptance on the user's prompts -> the K to build and the speedup to expect.
+
+Acceptance per position and per category comes from running the drafter against the target with
+the torch runner. Costs come from this machine (torch backend: the runner's own draft time per
+token and verify overhead, and model calls timed per batch size), or, for a GPU deployment, from a
+memory-bandwidth roofline over parameter and KV bytes. The speedup at batch B and K drafts is
+E[tokens/step](K) x t_plain(B) / (K t_draft(B) + t_verify(B, K) + overhead); where it falls below 1,
+speculation stops paying (TensorRT-LLM 1.2's `max_concurrency` turns it off above that batch).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtspec.checkpoints.inspect import read_checkpoint
+from trtspec.checkpoints.memory import model_memory
+from trtspec.config import DeploymentConfig
+from trtspec.errors import UsageError
+from trtspec.prompts import Prompt
+from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
+from trtspec.speculative.factory import load_runner
+from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+from trtspec.speculative.sampling import SamplingParams
+
+# Dense BF16 tensor throughput and HBM bandwidth, from NVIDIA's data sheets.
+GPUS = {
+    "a100": {"memory_gb": 80, "bandwidth_gbs": 2039, "tflops": 312},
+    "h100": {"memory_gb": 80, "bandwidth_gbs": 3350, "tflops": 989},
+    "h200": {"memory_gb": 141, "bandwidth_gbs": 4800, "tflops": 989},
+    "b200": {"memory_gb": 180, "bandwidth_gbs": 8000, "tflops": 2250},
+}
+PROBE_K = 8
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, max_batch]
+
+
+@dataclass
+class Acceptance:
+    rates: list[float]  # conditional acceptance per position, up to PROBE_K
+    by_category: dict[str, dict[str, Any]]
+    rate: float  # accepted / drafted over every position
+    draft_s_per_token: float
+    verify_overhead_s: float  # per step, beyond the target forward
+    probe_k: int
+
+
+def measure_acceptance(
+    runner: SpeculativeRunner,
+    tokenizer,
+    prompts: list[Prompt],
+    max_tokens: int,
+    sampling: SamplingParams,
+    max_prompt_tokens: int,
+) -> Acceptance:
+    """Run every prompt at batch 1 with K = PROBE_K and aggregate the runner's per-position counts."""
+    k = runner.num_draft_tokens
+    totals = {"drafted": [0] * k, "accepted": [0] * k, "steps": 0, "draft_s": 0.0, "verify_s": 0.0, "drafts": 0}
+    per_cat: dict[str, dict[str, Any]] = {}
+    for p in prompts:
+        ids = tokenizer(p.text).input_ids[-max_prompt_tokens:]
+        g = runner.generate([ids], GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0))[0]
+        s = g.stats
+        for bucket in (
+            totals,
+            per_cat.setdefault(
+                p.category,
+                {"drafted": [0] * k, "accepted": [0] * k, "steps": 0, "draft_s": 0.0, "verify_s": 0.0, "drafts": 0},
+            ),
+        ):
+            bucket["drafted"] = [a + b for a, b in zip(bucket["drafted"], s.drafted_per_position, strict=True)]
+            bucket["accepted"] = [a + b for a, b in zip(bucket["accepted"], s.accepted_per_position, strict=True)]
+            bucket["steps"] += s.steps
+            bucket["draft_s"] += s.draft_s
+            bucket["verify_s"] += s.verify_s
+            bucket["drafts"] += s.draft_tokens
+    if totals["steps"] == 0 or totals["drafts"] == 0:
+        raise UsageError("the prompts produced no speculative steps: raise --max-tokens")
+    categories = {}
+    for name, b in per_cat.items():
+        rates = conditional_rates(b["drafted"], b["accepted"])
+        categories[name] = {
+            "acceptance_rate": sum(b["accepted"]) / max(1, b["drafts"]),
+            "acceptance_per_position": rates,
+            "tokens_per_step": expected_tokens_per_step_positional(rates),
+        }
+    return Acceptance(
+        rates=conditional_rates(totals["drafted"], totals["accepted"]),
+        by_category=categories,
+        rate=sum(totals["accepted"]) / totals["drafts"],
+        draft_s_per_token=totals["draft_s"] / totals["drafts"],
+        verify_overhead_s=totals["verify_s"] / totals["steps"],
+        probe_k=k,
+    )
+
+
+def _median_s(fn, reps: int = 15) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def forward_seconds(model, batch: int, tokens: int, context: int = 128) -> float:
+    cache = model.new_cache(batch, context + tokens + 1)
+    model(torch.randint(0, 100, (batch, context)), torch.arange(context).expand(batch, -1), cache)
+    toks = torch.randint(0, 100, (batch, tokens))
+    pos = (context + torch.arange(tokens)).expand(batch, -1)
+    return _median_s(lambda: model(toks, pos, cache))
+
+
+def local_costs(runner: SpeculativeRunner, acc: Acceptance, batches: list[int]) -> dict[str, Any]:
+    """Seconds per plain token and per speculative step at each batch size and K, on this machine."""
+    target = runner.target
+    t_verify_probe = forward_seconds(target, 1, acc.probe_k + 1)
+    overhead = max(0.0, acc.verify_overhead_s - t_verify_probe)  # bookkeeping and sampling per step
+    draft_model = getattr(runner.drafter, "model", target)
+    out: dict[str, Any] = {"overhead_s": overhead, "by_batch": {}}
+    for b in batches:
+        t1 = forward_seconds(target, b, 1)
+        draft_scale = 1.0 if b == 1 else forward_seconds(draft_model, b, 1) / forward_seconds(draft_model, 1, 1)
+        out["by_batch"][b] = {
+            "plain_s": t1 + overhead,
+            "draft_s": acc.draft_s_per_token * draft_scale,
+            "verify_s": {k: forward_seconds(target, b, k + 1) + overhead for k in range(1, acc.probe_k + 1)},
+        }
+    b1 = out["by_batch"][1]
+    out["c"] = b1["draft_s"] / b1["plain_s"]
+    return out
+
+
+def gpu_costs(cfg: DeploymentConfig, gpu: str, probe_k: int, batches: list[int], context: int) -> dict[str, Any]:
+    """Roofline estimate: a step reads the weights and the batch's KV once, or is bound by FLOPs."""
+    spec = GPUS[gpu]
+    b = cfg.build
+    target = read_checkpoint(_local(cfg, "target"))
+    tm = model_memory(target.config, cfg.target.dtype, cfg.target.quantization, b.backend, b.tp, b.pp)
+    if cfg.mode == "draft-target":
+        draft = read_checkpoint(_local(cfg, "draft"))
+        dm = model_memory(draft.config, cfg.draft.dtype, cfg.draft.quantization, b.backend, b.tp, b.pp)
+        d_bytes, d_kv, d_params = dm.weight_bytes_per_gpu, dm.kv_bytes_per_token_per_gpu, dm.params
+    else:  # one MTP layer: roughly a trunk layer plus the projection, sharing embedding and head
+        layers = target.config["num_hidden_layers"]
+        d_bytes = tm.weight_bytes_per_gpu / layers
+        d_kv = tm.kv_bytes_per_token_per_gpu / (layers + 1)
+        d_params = tm.params / layers
+    bw, flops = spec["bandwidth_gbs"] * 1e9, spec["tflops"] * 1e12 * b.tp * b.pp
+
+    def step(weights: float, kv: float, params: int, batch: int, tokens: int) -> float:
+        memory = (weights + batch * context * kv) / bw
+        compute = 2 * params * batch * tokens / flops
+        return max(memory, compute)
+
+    out: dict[str, Any] = {"gpu": gpu, "overhead_s": 0.0, "by_batch": {}}
+    for batch in batches:
+        plain = step(tm.weight_bytes_per_gpu, tm.kv_bytes_per_token_per_gpu, tm.params, batch, 1)
+        out["by_batch"][batch] = {
+            "plain_s": plain,
+            "draft_s": step(d_bytes, d_kv, d_params, batch, 1),
+            "verify_s": {
+                k: step(tm.weight_bytes_per_gpu, tm.kv_bytes_per_token_per_gpu, tm.params, batch, k + 1)
+                for k in range(1, probe_k + 1)
+            },
+        }
+    out["c"] = out["by_batch"][1]["draft_s"] / out["by_batch"][1]["plain_s"]
+    return out
+
+
+def predict(rates: list[float], costs: dict[str, Any]) -> dict[str, Any]:
+    """Speedup per batch size and K, the best K per batch, and where speculation stops paying."""
+    table: dict[int, dict[int, float]] = {}
+    for batch, c in costs["by_batch"].items():
+        table[batch] = {}
+        for k in range(1, len(rates) + 1):
+            tokens = expected_tokens_per_step_positional(rates[:k])
+            table[batch][k] = tokens * c["plain_s"] / (k * c["draft_s"] + c["verify_s"][k])
+    best = {b: max(row.items(), key=lambda kv: kv[1]) for b, row in table.items()}
+    stops = next((b for b, (_, s) in sorted(best.items()) if s < 1.0), None)
+    return {
+        "speedup": table,
+        "best": {b: {"k": k, "speedup": s} for b, (k, s) in best.items()},
+        "stops_paying_at_batch": stops,
+    }
+
+
+def _local(cfg: DeploymentConfig, field: str) -> Path:
+    path = cfg.checkpoint_path(getattr(cfg, field))
+    if path is None:
+        raise UsageError(
+            f"{field}.checkpoint {getattr(cfg, field).checkpoint} is a hub id: plan needs a local copy "
+            "to measure acceptance"
+        )
+    return path
+
+
+def run_plan(
+    cfg: DeploymentConfig, prompts: list[Prompt], max_tokens: int, gpu: str | None = None, max_prompt_tokens: int = 256
+) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    if cfg.mode == "none":
+        raise UsageError("speculation.mode is none: there is nothing to plan")
+    target_path = _local(cfg, "target")
+    draft_path = _local(cfg, "draft") if cfg.mode == "draft-target" else None
+    max_len = max_prompt_tokens + max_tokens + PROBE_K + 8
+    runner = load_runner(
+        target_path,
+        cfg.mode,
+        draft_path,
+        num_draft_tokens=PROBE_K,
+        mtp_layers=cfg.mtp.num_nextn_predict_layers if cfg.mtp else None,
+        max_len=max_len,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(target_path))
+    s = cfg.speculation.sampling
+    sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
+    acc = measure_acceptance(runner, tokenizer, prompts, max_tokens, sampling, max_prompt_tokens)
+    batches = batch_sizes(cfg.build.max_batch_size)
+    if cfg.build.backend == "torch":
+        costs = local_costs(runner, acc, batches)
+        where = "measured on this machine (torch runner)"
+    else:
+        gpu = gpu or next((n for n, g in GPUS.items() if g["memory_gb"] == cfg.build.gpu_memory_gb), "h100")
+        costs = gpu_costs(cfg, gpu, acc.probe_k, batches, context=cfg.build.max_input_len)
+        where = f"estimated for {gpu} from parameter and KV bytes (memory-bandwidth roofline)"
+    prediction = predict(acc.rates, costs)
+    recommended = prediction["best"][1]["k"]
+    return {
+        "config": str(cfg.source) if cfg.source else cfg.name,
+        "mode": cfg.mode,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "acceptance_per_position": acc.rates,
+        "acceptance_rate_at_probe_k": acc.rate,
+        "probe_k": acc.probe_k,
+        "by_category": acc.by_category,
+        "costs": {
+            "where": where,
+            "c": costs["c"],
+            "overhead_s": costs["overhead_s"],
+            "by_batch": {str(b): v for b, v in costs["by_batch"].items()},
+        },
+        "recommended_num_draft_tokens": recommended,
+        "predicted_speedup_batch1": prediction["best"][1]["speedup"],
+        "predicted_speedup": {str(b): {str(k): v for k, v in row.items()} for b, row in prediction["speedup"].items()},
+        "best_by_batch": {str(b): v for b, v in prediction["best"].items()},
+        "stops_paying_at_batch": prediction["stops_paying_at_batch"],
+        "max_concurrency_hint": (
+            prediction["stops_paying_at_batch"] // 2 if prediction["stops_paying_at_batch"] else None
+        ),
+    }
+
+
+def write_plot(plan: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    batch1 = plan["predicted_speedup"]["1"]
+    ks = [int(k) for k in batch1]
+    left.plot(ks, [batch1[str(k)] for k in ks], marker="o")
+    left.axhline(1.0, color="grey", lw=0.8, ls="--")
+    left.set(xlabel="num_draft_tokens (K)", ylabel="predicted speedup", title="batch 1")
+    batches = [int(b) for b in plan["best_by_batch"]]
+    k = str(plan["recommended_num_draft_tokens"])
+    right.plot(batches, [plan["predicted_speedup"][str(b)][k] for b in batches], marker="o", label=f"K={k}")
+    right.plot(
+        batches,
+        [plan["best_by_batch"][str(b)]["speedup"] for b in batches],
+        marker="x",
+        ls=":",
+        label="best K per batch",
+    )
+    right.axhline(1.0, color="grey", lw=0.8, ls="--")
+    right.set_xscale("log", base=2)
+    right.set(xlabel="batch size", ylabel="predicted speedup", title="speedup against batch size")
+    right.legend()
+    fig.suptitle(f"trtspec plan: {plan['mode']}, {plan['costs']['where']}", fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
