@@ -174,9 +174,11 @@ def test_sequence_budget_counts_output_and_drafts(tmp_path):
 
 
 def test_draft_context_shorter_than_max_seq_len(tmp_path):
-    found = findings(config(tmp_path, make(tmp_path / "t"), make(tmp_path / "d", max_position_embeddings=2048)))
+    found = findings(config(tmp_path, make(tmp_path / "t"), make(tmp_path / "d", max_position_embeddings=1024)))
     (err,) = found["context-length"]
-    assert "draft max_position_embeddings is 2048" in err.message
+    assert "draft max_position_embeddings is 1024, below max_seq_len 2048" in err.message
+    exact = findings(config(tmp_path, make(tmp_path / "t2"), make(tmp_path / "d2", max_position_embeddings=2048)))
+    assert "context-length" not in exact
 
 
 def test_tensor_and_pipeline_parallel_divisibility(tmp_path):

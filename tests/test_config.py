@@ -195,3 +195,11 @@ def test_digest_changes_with_settings():
     a = validate_config(GOOD).digest()
     b = validate_config(_with("speculation.num_draft_tokens", 5)).digest()
     assert a != b and a == validate_config(GOOD).digest()
+
+
+@pytest.mark.parametrize("name", ["tiny-draft-target", "tiny-mtp", "tiny-baseline"])
+def test_embedded_configs_pass_trtspec_check(name):
+    from trtspec.check import run_check
+
+    report = run_check(load_config(CONFIGS / f"{name}.yaml"))
+    assert report.ok, [f for f in report.findings if f.severity == "error"]

@@ -256,13 +256,14 @@ def _check_limits(
             continue
         c = info.config
         ctx = c.get("max_position_embeddings")
-        if ctx is not None and b.max_seq_len + drafts > ctx:
+        if ctx is not None and b.max_seq_len > ctx:
             report.add(
                 "error",
                 "context-length",
                 f"{name} max_position_embeddings is {ctx}, below max_seq_len "
-                f"{b.max_seq_len} + {drafts} drafts (a draft cannot inherit the target's max_seq_len, PR #4879)",
-                f"lower build.max_seq_len to {ctx - drafts}",
+                f"{b.max_seq_len} (prompt, output and drafts must fit; a draft cannot inherit the target's "
+                "max_seq_len, PR #4879)",
+                f"lower build.max_seq_len to {ctx}",
             )
         heads, kv = c.get("num_attention_heads"), c.get("num_key_value_heads") or c.get("num_attention_heads")
         if heads and heads % b.tp:
