@@ -77,7 +77,7 @@ def test_generate_streams_text_and_reports_stats(runner):
     )
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith(PROMPT) and len(res.stdout) > len(PROMPT)
-    assert "[mtp, K=3]" in res.stderr and "acceptance" in res.stderr
+    assert "[mtp, K=2]" in res.stderr and "acceptance" in res.stderr
     again = runner.invoke(
         cli,
         [
