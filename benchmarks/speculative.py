@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.fsutil import atomic_write_text
+from trtspec.plan import forward_seconds, median_seconds
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.model import Transformer, load_transformer
@@ -52,35 +52,21 @@ def load_prompts(tokenizer, count: int, max_prompt_tokens: int) -> list[tuple[st
     return out
 
 
-def median_ms(fn, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
-
-
 @torch.inference_mode()
 def step_costs(target: Transformer, draft: Transformer, k_max: int, context: int = 128) -> dict:
     """Per-call costs at a realistic cache length: target 1 token, verify K+1 tokens, draft and MTP steps."""
-
-    def fwd(model, width):
-        cache = model.new_cache(1, context + 32)
-        model(torch.randint(0, 100, (1, context)), torch.arange(context)[None], cache)
-        toks = torch.randint(0, 100, (1, width))
-        pos = (context + torch.arange(width))[None]
-        return lambda: model(toks, pos, cache)
-
-    t1 = median_ms(fwd(target, 1))
-    verify = {k: median_ms(fwd(target, k + 1)) / t1 for k in range(1, k_max + 1)}
+    t1 = forward_seconds(target, 1, 1, context)
+    verify = {k: forward_seconds(target, 1, k + 1, context) / t1 for k in range(1, k_max + 1)}
     mtp_cache = target.new_mtp_cache(1, context + 32)
     hid = torch.randn(1, 1, target.dims.hidden_size)
     tok, pos = torch.tensor([[5]]), torch.tensor([[context]])
-    mtp = median_ms(lambda: target.mtp_forward(0, hid, tok, pos, mtp_cache))
-    return {"target_ms": t1, "v": verify, "c_draft": median_ms(fwd(draft, 1)) / t1, "c_mtp": mtp / t1}
+    mtp = median_seconds(lambda: target.mtp_forward(0, hid, tok, pos, mtp_cache))
+    return {
+        "target_ms": t1 * 1000,
+        "v": verify,
+        "c_draft": forward_seconds(draft, 1, 1, context) / t1,
+        "c_mtp": mtp / t1,
+    }
 
 
 def run_trtspec(runner, prompts, max_tokens: int) -> dict:

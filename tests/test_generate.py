@@ -59,40 +59,26 @@ def test_trained_drafters_are_accepted_often(greedy_outputs):
         assert stats["tokens_per_step"] > 1.5, mode
 
 
+SAMPLED_MTP = [
+    "generate",
+    str(CONFIGS / "tiny-mtp.yaml"),
+    "--prompt",
+    PROMPT,
+    "--max-tokens",
+    "20",
+    "--temperature",
+    "0.8",
+    "--seed",
+    "3",
+]
+
+
 def test_generate_streams_text_and_reports_stats(runner):
-    res = runner.invoke(
-        cli,
-        [
-            "generate",
-            str(CONFIGS / "tiny-mtp.yaml"),
-            "--prompt",
-            PROMPT,
-            "--max-tokens",
-            "20",
-            "--temperature",
-            "0.8",
-            "--seed",
-            "3",
-        ],
-    )
+    res = runner.invoke(cli, SAMPLED_MTP)
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith(PROMPT) and len(res.stdout) > len(PROMPT)
     assert "[mtp, K=2]" in res.stderr and "acceptance" in res.stderr
-    again = runner.invoke(
-        cli,
-        [
-            "generate",
-            str(CONFIGS / "tiny-mtp.yaml"),
-            "--prompt",
-            PROMPT,
-            "--max-tokens",
-            "20",
-            "--temperature",
-            "0.8",
-            "--seed",
-            "3",
-        ],
-    )
+    again = runner.invoke(cli, SAMPLED_MTP)
     assert again.stdout == res.stdout
 
 

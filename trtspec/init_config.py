@@ -7,12 +7,12 @@ validated by loading it back before it is written.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import Backend, Mode, resolve_checkpoint, validate_config
 from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
@@ -50,13 +50,7 @@ def _read_hf_config(ref: str, base_dir: Path) -> dict[str, Any]:
     path = resolve_checkpoint(ref, base_dir)
     if path is None:
         return {}
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise UsageError(f"{ref}: not a Hugging Face checkpoint (no config.json in {path})")
-    try:
-        return json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{cfg_file}: corrupt config.json: {exc}") from None
+    return read_hf_config(path)
 
 
 def build_config_dict(

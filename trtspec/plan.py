@@ -105,7 +105,7 @@ def measure_acceptance(
     )
 
 
-def _median_s(fn, reps: int = 15) -> float:
+def median_seconds(fn, reps: int = 15) -> float:
     for _ in range(2):
         fn()
     times = []
@@ -122,7 +122,7 @@ def forward_seconds(model, batch: int, tokens: int, context: int = 128) -> float
     model(torch.randint(0, 100, (batch, context)), torch.arange(context).expand(batch, -1), cache)
     toks = torch.randint(0, 100, (batch, tokens))
     pos = (context + torch.arange(tokens)).expand(batch, -1)
-    return _median_s(lambda: model(toks, pos, cache))
+    return median_seconds(lambda: model(toks, pos, cache))
 
 
 def local_costs(runner: SpeculativeRunner, acc: Acceptance, batches: list[int]) -> dict[str, Any]:

@@ -35,6 +35,14 @@ def _read_json(path: Path) -> Any:
         raise UsageError(f"{path}: cannot read: {exc}") from None
 
 
+def read_hf_config(path: Path) -> dict[str, Any]:
+    """config.json of a checkpoint directory, with a one-line error when absent or corrupt."""
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise UsageError(f"{path}: not a Hugging Face checkpoint (no config.json)")
+    return _read_json(cfg_path)
+
+
 def safetensors_header(path: Path) -> dict[str, Any]:
     """The JSON header of a .safetensors file (names, dtypes, shapes) without reading tensors."""
     with path.open("rb") as fh:
@@ -68,8 +76,6 @@ def weight_names(path: Path) -> set[str] | None:
 def read_checkpoint(path: Path) -> CheckpointInfo:
     if not path.is_dir():
         raise UsageError(f"{path}: no such checkpoint directory")
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise UsageError(f"{path}: not a Hugging Face checkpoint (no config.json)")
+    config = read_hf_config(path)
     tokenizer = {name: _read_json(path / name) for name in TOKENIZER_FILES if (path / name).is_file()}
-    return CheckpointInfo(path, _read_json(cfg_path), weight_names(path), tokenizer)
+    return CheckpointInfo(path, config, weight_names(path), tokenizer)

@@ -14,7 +14,6 @@ i, runs one decoder block, and predicts token i+k+1 with the shared head.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.errors import UsageError
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
@@ -240,16 +240,6 @@ def _rope_tables(hf_config: dict, dims: ModelDims, max_len: int) -> tuple[torch.
     positions = torch.arange(max_len)[None]
     cos, sin = rope(torch.zeros(1, dtype=torch.float32), positions)
     return cos[0], sin[0]
-
-
-def read_hf_config(path: Path) -> dict:
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise UsageError(f"{path}: not a Hugging Face checkpoint (no config.json)")
-    try:
-        return json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{cfg_file}: corrupt config.json: {exc}") from None
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
