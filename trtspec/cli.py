@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trtspec import __version__
-from trtspec.errors import TrtspecError
+from trtspec.errors import TrtspecError, UsageError
 
 console = Console()
 
@@ -272,6 +272,51 @@ def generate(
         f"{s['tokens_per_s']:.1f} tokens/s (draft {s['draft_s'] * 1000:.0f} ms, verify {s['verify_s'] * 1000:.0f} ms)",
         err=True,
     )
+
+
+@cli.command()
+@config_argument
+@click.option(
+    "--emit-script",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the build as a shell script for the TensorRT-LLM container instead of running it.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the steps and commands; build nothing.")
+@click.option("--force", is_flag=True, help="Rebuild every step even if its inputs are unchanged.")
+@click.option("--no-package", is_flag=True, help="Stop after the engines (no model repository).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no_package: bool, as_json: bool) -> None:
+    """Build engines (compiled, LLM API or torch) into engines/NAME, resumably, with a manifest."""
+    from trtspec.build.builder import describe_plan, run_build
+    from trtspec.config import load_config
+
+    cfg = load_config(config)
+    if cfg.build.backend == "torch" and emit_script is not None:
+        raise UsageError("--emit-script is for backends tensorrt and pytorch; the torch backend builds here")
+    if emit_script is not None:
+        from trtspec.build.script import write_script
+
+        write_script(cfg, emit_script)
+        click.echo(f"wrote {emit_script}: run it inside the TensorRT-LLM container it names")
+        return
+    if dry_run:
+        click.echo("\n".join(describe_plan(cfg)))
+        return
+    err = Console(stderr=True, soft_wrap=True)
+    result = run_build(cfg, force=force, progress=lambda msg: err.print(f"[dim]build[/dim] {msg}"))
+    summary = {
+        "engine_dir": str(result.engine_dir),
+        "built": result.built,
+        "up_to_date": result.skipped,
+        "num_draft_tokens": result.num_draft_tokens,
+    }
+    if as_json:
+        _print_json(summary)
+    elif not result.built:
+        click.echo(f"nothing to do: {result.engine_dir} is up to date ({', '.join(result.skipped)})")
+    else:
+        click.echo(f"built {', '.join(result.built)} in {result.engine_dir}")
 
 
 @cli.command()

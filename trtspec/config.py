@@ -128,7 +128,7 @@ class BuildSection(_Section):
     max_batch_size: Annotated[int, _range(1, 4096)] = 8
     max_input_len: PositiveInt = 1024
     max_seq_len: PositiveInt = 2048
-    max_num_tokens: PositiveInt = 8192
+    max_num_tokens: PositiveInt | None = Field(default=None, description="default: TensorRT-LLM's own")
     kv_cache_free_gpu_mem_fraction: Annotated[float, AfterValidator(_open_unit)] = 0.9
     gpu_memory_gb: Annotated[float, _range(1.0)] | None = Field(
         default=None, description="memory per GPU; default: detected at check time"

@@ -55,7 +55,7 @@ TABLE: tuple[Support, ...] = (
         VERSIONS,
         8.0,
         None,
-        note="speculative_config Draft_Target; draft loaded from HF weights",
+        note="speculative_config decoding_type DraftTarget; draft loaded from HF weights",
     ),
     Support("draft-target", "torch", None, None, TORCH_RUNNER_ARCHITECTURES, note="trtspec runner, CPU or GPU"),
     Support("mtp", "tensorrt", (), None, (), note="does not exist: use backend pytorch"),

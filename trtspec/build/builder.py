@@ -1,0 +1,394 @@
+"""`trtspec build`: the steps a config needs, run so that a re-run, an interrupt or a full disk is safe.
+
+Each step writes into a staging directory beside its output and is renamed into place only when it
+has finished and its engine passed verification; the manifest is then rewritten atomically. So a
+killed build leaves at most a `.staging-*` directory, which the next run removes before resuming
+from the first step whose inputs changed.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trtspec.build.manifest import CommandRecord, Manifest, StepRecord, fingerprint, step_key, tool_versions
+from trtspec.build.recipes import (
+    Command,
+    convert_command,
+    engine_expectations,
+    llm_api_options,
+    missing_flags,
+    trt_dtype,
+    trtllm_build_command,
+    trtllm_serve_command,
+)
+from trtspec.checkpoints.inspect import read_hf_config
+from trtspec.config import DeploymentConfig, ModelSection
+from trtspec.errors import TrtspecError, UsageError
+from trtspec.fsutil import replace_dir
+
+LLM_API_DIR = "llm-api"
+LLM_API_YAML = "extra_llm_api_options.yaml"
+HOLD_ENV = "TRTSPEC_BUILD_HOLD_S"  # test hook: seconds to wait before a finished step is renamed into place
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Step:
+    """One output directory of a build and everything it is made from."""
+
+    name: str
+    output: str
+    inputs: dict[str, Any]
+    commands: list[Command]
+    describe: str
+    run: Callable[[Path, Path], list[CommandRecord]] = field(repr=False)  # (staging dir, log file) -> records
+
+    @property
+    def key(self) -> str:
+        return step_key(self.inputs)
+
+
+@dataclass
+class BuildResult:
+    engine_dir: Path
+    built: list[str]
+    skipped: list[str]
+    num_draft_tokens: int
+
+
+def engine_dir_for(cfg: DeploymentConfig) -> Path:
+    return Path(cfg.build.output_dir) / cfg.name
+
+
+def trtllm_available() -> bool:
+    """find_spec, not import: tensorrt_llm's import needs libcuda, which a build host may lack."""
+    return importlib.util.find_spec("tensorrt_llm") is not None
+
+
+def resolve_num_draft_tokens(cfg: DeploymentConfig, engine_dir: Path) -> int:
+    """The K to build for; `auto` takes plan.json's recommendation (`trtspec plan` writes it there)."""
+    if cfg.mode == "none":
+        return 0
+    k = cfg.speculation.num_draft_tokens
+    if isinstance(k, int):
+        return k
+    plan = engine_dir / "plan.json"
+    try:
+        return int(json.loads(plan.read_text(encoding="utf-8"))["recommended_num_draft_tokens"])
+    except FileNotFoundError:
+        raise UsageError(
+            f"speculation.num_draft_tokens is auto but {plan} does not exist: run `trtspec plan` first"
+        ) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{plan}: no usable recommended_num_draft_tokens ({exc})") from None
+
+
+def _checkpoint(cfg: DeploymentConfig, section: ModelSection) -> tuple[str, Path | None]:
+    """(what the build host is given: a local path or a hub id, the local path if any)."""
+    path = cfg.checkpoint_path(section)
+    return (str(path) if path else section.checkpoint), path
+
+
+def _limits(cfg: DeploymentConfig) -> dict[str, Any]:
+    b = cfg.build
+    return {
+        "max_batch_size": b.max_batch_size,
+        "max_input_len": b.max_input_len,
+        "max_seq_len": b.max_seq_len,
+        "max_num_tokens": b.max_num_tokens,
+    }
+
+
+def _roles(cfg: DeploymentConfig) -> list[tuple[str, ModelSection]]:
+    roles = [("target", cfg.target)]
+    if cfg.mode == "draft-target" and cfg.draft is not None:
+        roles.append(("draft", cfg.draft))
+    return roles
+
+
+def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) -> list[Step]:
+    from trtspec.build.torch_engine import write_torch_engine
+    from trtspec.speculative.factory import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg.build.device)
+    steps = []
+    for role, section in _roles(cfg):
+        ref, path = _checkpoint(cfg, section)
+        if path is None:
+            raise UsageError(f"{role}.checkpoint {ref} is a hub id; the torch backend needs a local checkpoint")
+        dtype = resolve_dtype(section.dtype, device)
+        speculating = role == "target" and cfg.mode != "none"
+        spec_mode = {"draft-target": "draft_tokens_external", "mtp": "mtp"}.get(cfg.mode, "none")
+        build = {
+            **_limits(cfg),
+            "max_draft_len": k if speculating else 0,
+            "speculative_decoding_mode": spec_mode if speculating else "none",
+        }
+        if role == "target" and cfg.mode == "mtp":
+            build["num_nextn_predict_layers"] = cfg.mtp.num_nextn_predict_layers if cfg.mtp else None
+        inputs = {"backend": "torch", "role": role, "checkpoint": fingerprints[role]["digest"], "dtype": str(dtype)}
+        inputs["build"] = build
+
+        def run(staging: Path, log: Path, path=path, dtype=dtype, role=role, build=build) -> list[CommandRecord]:
+            t0 = time.perf_counter()
+            write_torch_engine(path, staging, dtype, role, build)
+            seconds = time.perf_counter() - t0
+            log.write_text(f"cast {path} to {dtype} and loaded it: {seconds:.2f}s\n", encoding="utf-8")
+            argv = ["trtspec:torch-engine", str(path), str(dtype)]
+            return [CommandRecord(argv, 0, round(seconds, 3), str(log.name))]
+
+        steps.append(Step(role, role, inputs, [], f"cast {ref} to {dtype}, write engine.json, warm-up load", run))
+    return steps
+
+
+def _hf_dtype(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    cfg = read_hf_config(path)
+    return cfg.get("torch_dtype") or cfg.get("dtype")
+
+
+def _family(path: Path | None) -> str | None:
+    from trtspec.build.recipes import CONVERT_FAMILIES
+
+    if path is None:
+        return None  # resolved on the build host from the downloaded config.json
+    arch = (read_hf_config(path).get("architectures") or ["?"])[0]
+    if arch not in CONVERT_FAMILIES:
+        known = ", ".join(sorted(CONVERT_FAMILIES))
+        raise UsageError(f"{path}: no TensorRT-LLM convert_checkpoint.py known for {arch} (have {known})")
+    return CONVERT_FAMILIES[arch]
+
+
+def tensorrt_commands(
+    cfg: DeploymentConfig, role: str, section: ModelSection, model_dir: str, k: int, work: str, out: str
+) -> list[Command]:
+    """convert (or quantize) then trtllm-build, for one model."""
+    path = cfg.checkpoint_path(section)
+    dtype = trt_dtype(section, _hf_dtype(path))
+    ckpt = f"{work}/{role}-ckpt"
+    return [
+        convert_command(cfg, section, model_dir, ckpt, _family(path), dtype),
+        trtllm_build_command(cfg, section, ckpt, out, dtype, role, k),
+    ]
+
+
+def _run_logged(argv: list[str], log: Path, cwd: Path | None = None) -> CommandRecord:
+    t0 = time.perf_counter()
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write("$ " + " ".join(argv) + "\n")
+        fh.flush()
+        rc = subprocess.call(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd)
+    record = CommandRecord(argv, rc, round(time.perf_counter() - t0, 3), str(log.name))
+    if rc != 0:
+        raise TrtspecError(f"{argv[0]} exited with {rc}; see {log}")
+    return record
+
+
+def _examples_dir(version: str) -> Path:
+    env = os.environ.get("TRTLLM_EXAMPLES")
+    if not env or not Path(env).is_dir():
+        raise UsageError(
+            f"set TRTLLM_EXAMPLES to the examples/ folder of a TensorRT-LLM v{version} checkout "
+            "(convert_checkpoint.py lives there, not in the wheel)"
+        )
+    return Path(env)
+
+
+def convert_script_path(examples: Path, command: Command) -> Path:
+    """convert_checkpoint.py moved from examples/<family>/ (0.x) to examples/models/core/<family>/ (1.x)."""
+    if not command.is_script or command.family is None:
+        return examples / command.program
+    for candidate in (examples / "models" / "core" / command.family, examples / command.family):
+        if (candidate / command.program).is_file():
+            return candidate / command.program
+    raise UsageError(f"no convert_checkpoint.py for {command.family} under {examples}")
+
+
+def _tensorrt_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any], engine_dir: Path) -> list[Step]:
+    steps = []
+    work = engine_dir / ".work"
+    for role, section in _roles(cfg):
+        ref, _ = _checkpoint(cfg, section)
+        inputs = {
+            "backend": "tensorrt",
+            "tensorrt_llm": cfg.build.tensorrt_llm_version,
+            "role": role,
+            "checkpoint": fingerprints[role]["digest"],
+            "section": section.model_dump(mode="json"),
+            "build": {**_limits(cfg), "tp": cfg.build.tp, "pp": cfg.build.pp},
+            "mode": cfg.mode,
+            "num_draft_tokens": k if role == "target" else None,
+            "use_draft_logits": cfg.speculation.use_draft_logits,
+        }
+
+        def run(staging: Path, log: Path, role=role, section=section, ref=ref) -> list[CommandRecord]:
+            examples = _examples_dir(cfg.build.tensorrt_llm_version)
+            records = []
+            for command in tensorrt_commands(cfg, role, section, ref, k, str(work), str(staging)):
+                program = convert_script_path(examples, command)
+                argv = (["python3", str(program)] if command.is_script else [command.program]) + list(command.args)
+                records.append(_run_logged(argv, log))
+            shutil.rmtree(work / f"{role}-ckpt", ignore_errors=True)
+            verify_engine(staging, cfg, role, k, "tensorrt")
+            return records
+
+        commands = tensorrt_commands(cfg, role, section, ref, k, "$WORK", f"{engine_dir}/{role}")
+        steps.append(Step(role, role, inputs, commands, f"convert and build the {role} engine", run))
+    return steps
+
+
+def _pytorch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) -> list[Step]:
+    target, _ = _checkpoint(cfg, cfg.target)
+    draft = _checkpoint(cfg, cfg.draft)[0] if cfg.mode == "draft-target" and cfg.draft else None
+    options = llm_api_options(cfg, k, draft)
+    inputs = {
+        "backend": "pytorch",
+        "tensorrt_llm": cfg.build.tensorrt_llm_version,
+        "options": options,
+        "checkpoints": {r: f["digest"] for r, f in fingerprints.items()},
+    }
+
+    def run(staging: Path, log: Path) -> list[CommandRecord]:
+        staging.mkdir(parents=True, exist_ok=True)
+        (staging / LLM_API_YAML).write_text(yaml.safe_dump(options, sort_keys=False), encoding="utf-8")
+        (staging / "model").write_text(target + "\n", encoding="utf-8")
+        argv = ["python3", "-c", WARM_UP, target, str(staging / LLM_API_YAML)]
+        return [_run_logged(argv, log)]
+
+    describe = f"write {LLM_API_DIR}/{LLM_API_YAML} and prove TensorRT-LLM's LLM API loads {target} with it"
+    serve = trtllm_serve_command(target, f"{LLM_API_DIR}/{LLM_API_YAML}")
+    return [Step(LLM_API_DIR, LLM_API_DIR, inputs, [serve], describe, run)]
+
+
+# python3 -c WARM_UP MODEL OPTIONS_YAML: load the LLM API with the options and generate a few tokens.
+WARM_UP = """\
+import sys, yaml
+from tensorrt_llm import LLM, SamplingParams
+options = yaml.safe_load(open(sys.argv[2]))
+llm = LLM(sys.argv[1], **{k: v for k, v in options.items() if k != "backend"})
+out = llm.generate(["Hello"], SamplingParams(max_tokens=4))
+print("warm-up output:", out[0].outputs[0].text)
+"""
+
+
+def plan_steps(cfg: DeploymentConfig, engine_dir: Path, k: int) -> tuple[list[Step], dict[str, Any]]:
+    fingerprints = {}
+    for role, section in _roles(cfg):
+        fingerprints[role] = fingerprint(section.checkpoint, cfg.checkpoint_path(section))
+    if cfg.build.backend == "torch":
+        return _torch_steps(cfg, k, fingerprints), fingerprints
+    if cfg.build.backend == "tensorrt":
+        return _tensorrt_steps(cfg, k, fingerprints, engine_dir), fingerprints
+    return _pytorch_steps(cfg, k, fingerprints), fingerprints
+
+
+def verify_engine(engine: Path, cfg: DeploymentConfig, role: str, k: int, backend: str) -> None:
+    """Fail, naming the flag, when an engine lacks something serving depends on."""
+    from trtspec.build.torch_engine import read_engine_config
+
+    section = cfg.target if role == "target" else cfg.draft
+    path = cfg.checkpoint_path(section) if section else None
+    vocab = read_hf_config(path).get("vocab_size") if path else None
+    problems = missing_flags(read_engine_config(engine), engine_expectations(cfg, role, k, vocab, backend))
+    if problems:
+        raise TrtspecError(f"{engine}: the {role} engine cannot serve this config: " + "; ".join(problems))
+
+
+def _clean_stale(engine_dir: Path) -> None:
+    for stale in engine_dir.glob(".staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    shutil.rmtree(engine_dir / ".work", ignore_errors=True)
+
+
+def _disk_error(exc: OSError, where: Path) -> TrtspecError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return TrtspecError(f"no space left on the device while writing {where}; nothing was left half-written")
+    return UsageError(f"cannot write {where}: {exc.strerror or exc}")
+
+
+def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = lambda _msg: None) -> BuildResult:
+    engine_dir = engine_dir_for(cfg)
+    if cfg.build.backend in ("tensorrt", "pytorch") and not trtllm_available():
+        raise UsageError(
+            f"backend {cfg.build.backend} needs TensorRT-LLM, which is not installed here: "
+            "run `trtspec build --emit-script build.sh` and run that script in the TensorRT-LLM container"
+        )
+    try:
+        (engine_dir / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _disk_error(exc, engine_dir) from None
+    k = resolve_num_draft_tokens(cfg, engine_dir)
+    steps, fingerprints = plan_steps(cfg, engine_dir, k)
+    _clean_stale(engine_dir)
+    manifest = Manifest.load(engine_dir) or Manifest(cfg.name, cfg.build.backend, cfg.mode)
+    if (manifest.backend, manifest.mode) != (cfg.build.backend, cfg.mode):
+        manifest = Manifest(cfg.name, cfg.build.backend, cfg.mode)
+    manifest.config_sha256 = cfg.digest()
+    manifest.config_path = str(cfg.source) if cfg.source else None
+    manifest.tools = tool_versions()
+    manifest.inputs = fingerprints
+    manifest.num_draft_tokens = k
+    for stale in set(manifest.steps) - {s.name for s in steps}:
+        shutil.rmtree(engine_dir / manifest.steps.pop(stale).output, ignore_errors=True)
+    built, skipped = [], []
+    for step in steps:
+        if not force and manifest.current(step.name, step.key, engine_dir):
+            skipped.append(step.name)
+            progress(f"{step.name}: up to date")
+            continue
+        progress(f"{step.name}: {step.describe}")
+        staging = engine_dir / f".staging-{step.name}-{os.getpid()}"
+        log = engine_dir / "logs" / f"{step.name}.log"
+        t0 = time.perf_counter()
+        try:
+            log.write_text("", encoding="utf-8")
+            records = step.run(staging, log)
+            if cfg.build.backend == "torch":
+                verify_engine(staging, cfg, step.name, k, "torch")
+            hold = float(os.environ.get(HOLD_ENV, "0") or 0)
+            if hold:
+                time.sleep(hold)
+            replace_dir(staging, engine_dir / step.output)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise _disk_error(exc, engine_dir / step.output) from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(engine_dir / ".work", ignore_errors=True)
+            raise
+        seconds = round(time.perf_counter() - t0, 3)
+        manifest.record(step.name, StepRecord(step.key, step.output, step.inputs, records, seconds))
+        manifest.save(engine_dir)
+        built.append(step.name)
+        progress(f"{step.name}: built in {seconds:.1f}s")
+    manifest.save(engine_dir)
+    return BuildResult(engine_dir, built, skipped, k)
+
+
+def describe_plan(cfg: DeploymentConfig) -> list[str]:
+    """--dry-run: each step, whether it is current, and the commands it would run."""
+    engine_dir = engine_dir_for(cfg)
+    k = resolve_num_draft_tokens(cfg, engine_dir)
+    steps, _ = plan_steps(cfg, engine_dir, k)
+    manifest = Manifest.load(engine_dir)
+    lines = [f"build {cfg.name}: backend {cfg.build.backend}, mode {cfg.mode}, num_draft_tokens {k} -> {engine_dir}"]
+    for step in steps:
+        state = "up to date" if manifest and manifest.current(step.name, step.key, engine_dir) else "would build"
+        lines.append(f"  {step.name} ({state}): {step.describe}")
+        for command in step.commands:
+            lines.append("    " + " ".join([command.program, *command.args]))
+    return lines

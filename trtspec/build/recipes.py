@@ -1,0 +1,213 @@
+"""TensorRT-LLM's documented build steps, as data: argv lists for compiled engines, a dict for the LLM API.
+
+Everything here is a pure function of the config, so the golden tests can hold each output against
+the commands and YAML NVIDIA documents (shared reference: trtllm-speculative-decoding.md §1.1, §2).
+Flags use the documentation's `--flag=value` form; a flag the documentation omits for its defaults
+(tp/pp 1, no max_num_tokens) is omitted here too, so the same inputs give the same command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trtspec.config import DeploymentConfig, ModelSection
+from trtspec.errors import UsageError
+from trtspec.versions import minor
+
+# Hugging Face architecture -> the examples/ folder whose convert_checkpoint.py handles it.
+CONVERT_FAMILIES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen",
+    "Qwen3ForCausalLM": "qwen",
+}
+# quantization -> the ModelOpt --qformat of examples/quantization/quantize.py (NVIDIA's FP8 path).
+MODELOPT_QFORMATS = {"fp8": "fp8", "int4_awq": "int4_awq", "nvfp4": "nvfp4"}
+# quantization -> convert_checkpoint.py's weight-only precision.
+WEIGHT_ONLY = {"int8_weight_only": "int8", "int4_weight_only": "int4"}
+# build_config.speculative_decoding_mode in an engine's config.json is SpeculativeDecodingMode, an
+# IntFlag serialised as its value: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2 (tensorrt_llm/models/modeling_utils.py).
+ENGINE_SPEC_MODES = {"none": 1, "draft_tokens_external": 2}
+
+
+@dataclass(frozen=True)
+class Command:
+    """One process to run: `program` is resolved on the build host (a script path or a CLI name)."""
+
+    program: str  # "convert_checkpoint.py", "quantization/quantize.py" or a CLI such as "trtllm-build"
+    args: tuple[str, ...]
+    family: str | None = None  # for convert_checkpoint.py: the examples/ folder it lives in
+
+    @property
+    def is_script(self) -> bool:
+        return self.program.endswith(".py")
+
+
+def trt_dtype(section: ModelSection, checkpoint_dtype: str | None) -> str:
+    """The dtype convert_checkpoint.py is given: the config's, else the checkpoint's, else float16."""
+    if section.dtype != "auto":
+        return section.dtype
+    if checkpoint_dtype in ("float16", "bfloat16", "float32"):
+        return checkpoint_dtype
+    return "float16"
+
+
+def convert_command(
+    cfg: DeploymentConfig, section: ModelSection, model_dir: str, output_dir: str, family: str | None, dtype: str
+) -> Command:
+    """convert_checkpoint.py (or ModelOpt's quantize.py): tp and pp are fixed here, not at trtllm-build."""
+    b = cfg.build
+    parallel = ([f"--tp_size={b.tp}"] if b.tp > 1 else []) + ([f"--pp_size={b.pp}"] if b.pp > 1 else [])
+    if section.quantization in MODELOPT_QFORMATS:
+        args = [
+            f"--model_dir={model_dir}",
+            f"--dtype={dtype}",
+            f"--qformat={MODELOPT_QFORMATS[section.quantization]}",
+            *([f"--kv_cache_dtype={section.quantization}"] if section.quantization == "fp8" else []),
+            f"--output_dir={output_dir}",
+            "--calib_size=512",
+            *parallel,
+        ]
+        return Command("quantization/quantize.py", tuple(args))
+    args = [f"--model_dir={model_dir}", f"--output_dir={output_dir}", f"--dtype={dtype}", *parallel]
+    if section.quantization in WEIGHT_ONLY:
+        args += ["--use_weight_only", f"--weight_only_precision={WEIGHT_ONLY[section.quantization]}"]
+    return Command("convert_checkpoint.py", tuple(args), family=family)
+
+
+def gemm_plugin(section: ModelSection, dtype: str) -> str:
+    if section.quantization == "fp8":
+        return "fp8"
+    if section.quantization != "none":
+        return "auto"
+    return dtype
+
+
+def trtllm_build_command(
+    cfg: DeploymentConfig,
+    section: ModelSection,
+    checkpoint_dir: str,
+    output_dir: str,
+    dtype: str,
+    role: str,
+    num_draft_tokens: int,
+) -> Command:
+    """trtllm-build for one engine; only the target of draft-target speculates (README @ 567239fc)."""
+    b = cfg.build
+    speculating_target = role == "target" and cfg.mode == "draft-target"
+    args = [
+        f"--checkpoint_dir={checkpoint_dir}",
+        f"--output_dir={output_dir}",
+        f"--gemm_plugin={gemm_plugin(section, dtype)}",
+        "--use_paged_context_fmha=enable",
+    ]
+    if speculating_target:
+        args.append("--speculative_decoding_mode=draft_tokens_external")
+    args.append(f"--max_batch_size={b.max_batch_size}")
+    if speculating_target:
+        args.append(f"--max_draft_len={num_draft_tokens}")
+    args += [f"--max_input_len={b.max_input_len}", f"--max_seq_len={b.max_seq_len}"]
+    if b.max_num_tokens is not None:
+        args.append(f"--max_num_tokens={b.max_num_tokens}")
+    if cfg.speculation.use_draft_logits and cfg.mode == "draft-target":
+        # the target compares against the draft's logits, so both engines must return generation logits
+        args.append("--gather_generation_logits")
+    return Command("trtllm-build", tuple(args))
+
+
+def engine_expectations(
+    cfg: DeploymentConfig, role: str, num_draft_tokens: int, vocab_size: int | None, backend: str = "tensorrt"
+) -> dict[str, tuple[Any, str]]:
+    """What serving needs to find in an engine's config, and the build flag that sets each.
+
+    Compiled engines store SpeculativeDecodingMode as its integer value; trtspec's torch engines
+    write the mode's name, and also speculate with MTP, which compiled engines cannot.
+    """
+    b = cfg.build
+    speculating = role == "target" and cfg.mode != "none"
+    want: dict[str, tuple[Any, str]] = {
+        "build_config.max_batch_size": (b.max_batch_size, f"--max_batch_size={b.max_batch_size}"),
+        "build_config.max_seq_len": (b.max_seq_len, f"--max_seq_len={b.max_seq_len}"),
+    }
+    if backend == "tensorrt":
+        want["build_config.plugin_config.use_paged_context_fmha"] = (True, "--use_paged_context_fmha=enable")
+        if speculating:
+            want["build_config.speculative_decoding_mode"] = (
+                ENGINE_SPEC_MODES["draft_tokens_external"],
+                "--speculative_decoding_mode=draft_tokens_external",
+            )
+    elif speculating:
+        mode = "mtp" if cfg.mode == "mtp" else "draft_tokens_external"
+        want["build_config.speculative_decoding_mode"] = (mode, f"speculative mode {mode}")
+    if speculating:
+        want["build_config.max_draft_len"] = (num_draft_tokens, f"--max_draft_len={num_draft_tokens}")
+    if cfg.speculation.use_draft_logits and cfg.mode == "draft-target":
+        want["build_config.gather_generation_logits"] = (True, "--gather_generation_logits")
+    if vocab_size is not None:
+        want["pretrained_config.vocab_size"] = (vocab_size, "the checkpoint's vocab_size (convert it again)")
+    return want
+
+
+def missing_flags(engine_config: dict[str, Any], want: dict[str, tuple[Any, str]]) -> list[str]:
+    """Each expectation the engine's config does not meet, as 'field = got (want X: build with FLAG)'."""
+    problems = []
+    for dotted, (value, flag) in want.items():
+        node: Any = engine_config
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node != value:
+            problems.append(f"{dotted} = {node!r}, want {value!r} ({flag})")
+    return problems
+
+
+def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_dir: str | None) -> dict[str, Any]:
+    """The LLM API arguments (`trtllm-serve --extra_llm_api_options`, Triton's llmapi model.yaml).
+
+    Field names follow the configured version: 1.0 and 1.1 name the draft `speculative_model_dir`,
+    1.2 `speculative_model` (the old name stays an alias); through 1.2 MTP's depth is
+    `num_nextn_predict_layers`, which overwrites max_draft_len (1.3 renames it to max_draft_len).
+    """
+    b = cfg.build
+    version = minor(b.tensorrt_llm_version)
+    options: dict[str, Any] = {
+        "backend": "pytorch",
+        "tensor_parallel_size": b.tp,
+        "pipeline_parallel_size": b.pp,
+        "max_batch_size": b.max_batch_size,
+        "max_input_len": b.max_input_len,
+        "max_seq_len": b.max_seq_len,
+    }
+    if b.max_num_tokens is not None:
+        options["max_num_tokens"] = b.max_num_tokens
+    options["kv_cache_config"] = {"free_gpu_memory_fraction": b.kv_cache_free_gpu_mem_fraction}
+    options["enable_iter_perf_stats"] = True  # /metrics then reports specDecodingStats
+    if cfg.mode == "draft-target":
+        if draft_model_dir is None:
+            raise UsageError("mode draft-target needs draft.checkpoint")
+        options["disable_overlap_scheduler"] = True  # two-model speculation disables it anyway
+        model_key = "speculative_model" if version >= "1.2" else "speculative_model_dir"
+        options["speculative_config"] = {
+            "decoding_type": "DraftTarget",
+            "max_draft_len": num_draft_tokens,
+            model_key: draft_model_dir,
+        }
+    elif cfg.mode == "mtp":
+        spec: dict[str, Any] = {"decoding_type": "MTP"}
+        if version >= "1.3":
+            spec["max_draft_len"] = num_draft_tokens
+        else:
+            spec["num_nextn_predict_layers"] = num_draft_tokens
+        if cfg.mtp is not None and cfg.mtp.relaxed_acceptance:
+            spec.update(
+                use_relaxed_acceptance_for_thinking=True,
+                relaxed_topk=cfg.mtp.relaxed_topk,
+                relaxed_delta=cfg.mtp.relaxed_delta,
+            )
+        options["speculative_config"] = spec
+    return options
+
+
+def trtllm_serve_command(model: str, options_file: str) -> Command:
+    """`--extra_llm_api_options` works in every 1.x release (`--config` arrived in 1.2)."""
+    return Command("trtllm-serve", (model, f"--extra_llm_api_options={options_file}"))
