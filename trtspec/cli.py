@@ -320,6 +320,43 @@ def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no
 
 
 @cli.command()
+@config_argument
+def package(config: Path) -> None:
+    """Write the Triton model repository for a built config into model_repository/NAME."""
+    from trtspec.config import load_config
+    from trtspec.repository.package import package_repository
+
+    path = package_repository(load_config(config))
+    click.echo(f"wrote {path}")
+
+
+@cli.command()
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("--http-port", type=click.IntRange(1, 65535), default=None, help="Default: the config's, else 8000.")
+@click.option("--grpc-port", type=click.IntRange(1, 65535), default=None)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None)
+@click.option("--timeout", type=click.FloatRange(1), default=300.0, help="Seconds to wait for the models to load.")
+@click.option("--detach", is_flag=True, help="Return once ready, leaving the server running (see --stop).")
+@click.option("--stop", "stop_", is_flag=True, help="Stop a server started with --detach.")
+def serve(
+    target: Path,
+    http_port: int | None,
+    grpc_port: int | None,
+    metrics_port: int | None,
+    timeout: float,
+    detach: bool,
+    stop_: bool,
+) -> None:
+    """Run a real tritonserver on a config's repository (or a repository directory) until Ctrl-C."""
+    from trtspec.serve.run import serve_forever, stop_detached
+
+    if stop_:
+        click.echo(stop_detached(target))
+        return
+    serve_forever(target, (http_port, grpc_port, metrics_port), timeout, detach, echo=click.echo)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(as_json: bool) -> None:
     """Report what this machine can build and serve, and why not."""

@@ -25,6 +25,7 @@ class TritonInstall:
     backends_dir: Path | None  # the wheel's backends; None means the binary's own default
     python_stub: Path | None  # the wheel's stub for this Python, to copy into backends/python
     libpython_dir: str | None  # goes on LD_LIBRARY_PATH for the stub
+    bundled_libs: str | None = None  # the wheel's vendored shared libraries (the stub links libcudart from there)
 
 
 def _pytriton_root() -> Path | None:
@@ -52,4 +53,5 @@ def find_tritonserver() -> TritonInstall | None:
         backends_dir=root / "backends",
         python_stub=stub if stub.is_file() else None,
         libpython_dir=sysconfig.get_config_var("LIBDIR"),
+        bundled_libs=str(root.parents[1] / "nvidia_pytriton.libs"),
     )

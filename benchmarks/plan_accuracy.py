@@ -1,0 +1,103 @@
+"""Does `trtspec plan` predict what the runner then delivers? Batch 1, the embedded pair, both modes.
+
+For each config it runs plan on the prompts (acceptance + costs measured on this machine), then
+measures the runner at the recommended K against plain decoding with the same runner on the same
+prompts, and reports predicted speedup, measured speedup and the relative error (target: within
+15%). The plan's acceptance prompts and the measurement prompts are the same file, as a user would
+run `trtspec plan` on their own traffic and then serve it.
+
+    python benchmarks/plan_accuracy.py [--per-category 1] [--max-tokens 96] [--out results/plan_accuracy.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from trtspec.config import load_config
+from trtspec.fsutil import atomic_write_text
+from trtspec.plan import run_plan
+from trtspec.prompts import load_prompts
+from trtspec.speculative.factory import load_runner
+from trtspec.speculative.runner import GenerationParams
+from trtspec.speculative.sampling import SamplingParams
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC_BENCH = REPO.parent / "shared" / "data" / "spec_bench_questions.jsonl"
+CONFIGS = ["tiny-draft-target.yaml", "tiny-mtp.yaml"]
+
+
+def tokens_per_second(runner, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> float:
+    params = GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0)
+    runner.generate([prompts[0]], GenerationParams(max_tokens=8, sampling=sampling))  # warm-up
+    tokens, seconds = 0, 0.0
+    for ids in prompts:
+        t0 = time.perf_counter()
+        tokens += len(runner.generate([ids], params)[0].tokens)
+        seconds += time.perf_counter() - t0
+    return tokens / seconds
+
+
+def measure(config: str, per_category: int, max_tokens: int, max_prompt_tokens: int = 256) -> dict:
+    cfg = load_config(REPO / "configs" / config)
+    prompts = load_prompts(SPEC_BENCH, per_category=per_category)
+    plan = run_plan(cfg, prompts, max_tokens, max_prompt_tokens=max_prompt_tokens)
+    k = plan["recommended_num_draft_tokens"]
+    target_path = cfg.checkpoint_path(cfg.target)
+    draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft else None
+    max_len = max_prompt_tokens + max_tokens + k + 8
+    spec = load_runner(target_path, cfg.mode, draft_path, num_draft_tokens=k, max_len=max_len)
+    plain = load_runner(target_path, "none", max_len=max_len, target=spec.target)
+    tokenizer = AutoTokenizer.from_pretrained(str(target_path))
+    ids = [tokenizer(p.text).input_ids[-max_prompt_tokens:] for p in prompts]
+    s = cfg.speculation.sampling
+    sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
+    # interleave the two so slow drift of the machine hits both alike
+    rounds = [(tokens_per_second(plain, ids, max_tokens, sampling), tokens_per_second(spec, ids, max_tokens, sampling))
+              for _ in range(2)]  # fmt: skip
+    plain_tps = max(r[0] for r in rounds)
+    spec_tps = max(r[1] for r in rounds)
+    measured = spec_tps / plain_tps
+    predicted = plan["predicted_speedup"]["1"][str(k)]
+    return {
+        "config": config,
+        "mode": cfg.mode,
+        "prompts": len(prompts),
+        "recommended_k": k,
+        "acceptance_per_position": plan["acceptance_per_position"][:k],
+        "c": plan["costs"]["c"],
+        "predicted_speedup": predicted,
+        "plain_tokens_per_s": plain_tps,
+        "speculative_tokens_per_s": spec_tps,
+        "measured_speedup": measured,
+        "relative_error": abs(predicted - measured) / measured,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "plan_accuracy.json")
+    args = ap.parse_args()
+    rows = []
+    for config in CONFIGS:
+        rows.append(measure(config, args.per_category, args.max_tokens))
+        atomic_write_text(args.out, json.dumps({"rows": rows}, indent=2))  # flushed as each config finishes
+    print(f"{'config':24s} {'K':>2s} {'predicted':>9s} {'measured':>9s} {'error':>6s}")
+    for r in rows:
+        print(
+            f"{r['config']:24s} {r['recommended_k']:2d} {r['predicted_speedup']:8.2f}x {r['measured_speedup']:8.2f}x"
+            f" {100 * r['relative_error']:5.1f}%"
+        )
+    print(f"wrote {args.out}")
+    return 0 if all(r["relative_error"] <= 0.15 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

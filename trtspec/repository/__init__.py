@@ -1,0 +1,1 @@
+"""Triton model repositories: typed configs, flavours, and trtspec's python models."""

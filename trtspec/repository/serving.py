@@ -1,0 +1,36 @@
+"""From a repository's model.yaml to a runner: what trtspec's python models load inside Triton."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import UsageError
+from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
+from trtspec.speculative.runner import SpeculativeRunner
+
+DECODING_MODES = {"DraftTarget": "draft-target", "Draft_Target": "draft-target", "MTP": "mtp"}
+
+
+def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, dict[str, Any]]:
+    """The runner the LLM API options describe, and the sampling defaults for requests that say nothing."""
+    spec = options.get("speculative_config") or {}
+    mode = DECODING_MODES.get(spec.get("decoding_type", ""), "none") if spec else "none"
+    if spec and mode == "none":
+        raise UsageError(f"speculative_config.decoding_type {spec.get('decoding_type')!r} is not one trtspec runs")
+    k = int(spec.get("max_draft_len") or spec.get("num_nextn_predict_layers") or 0)
+    draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
+    local = options.get("trtspec", {})
+    device = resolve_device(local.get("device", "auto"))
+    runner = load_runner(
+        Path(options["model"]),
+        mode,
+        Path(draft) if draft else None,
+        num_draft_tokens=max(k, 1),
+        device=device,
+        dtype=resolve_dtype(local.get("dtype", "auto"), device),
+        max_len=int(options.get("max_seq_len", 2048)),
+    )
+    defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 64, "seed": None}
+    defaults.update(local.get("sampling", {}))
+    return runner, defaults

@@ -1,0 +1,163 @@
+"""trtspec's `tensorrt_llm` python model for the llmapi flavour: TensorRT-LLM's contract, torch runner inside.
+
+The repository's 1/model.py is one line that imports this class, so the logic is versioned with the
+package. It reads 1/model.yaml as NVIDIA's llmapi model does (`model`, `speculative_config`,
+`triton_config`), honours the same inputs, and answers with the same outputs, including the
+return_perf_metrics ones. Requests run one at a time per instance; a bad request gets an error
+response and the instance stays up for the next one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+
+class RequestError(ValueError):
+    """A bad request: answered with an error response, never raised out of execute()."""
+
+
+def _scalar(request, name: str, default: Any = None) -> Any:
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    array = tensor.as_numpy()
+    if array.size == 0:
+        return default
+    return array.reshape(-1)[0]
+
+
+def _text(request, name: str) -> str | None:
+    value = _scalar(request, name)
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(f"{name} is not valid UTF-8") from None
+    return str(value)
+
+
+class TorchLLMAPIModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        from transformers import AutoTokenizer
+
+        from trtspec.repository.serving import runner_from_model_yaml
+
+        here = Path(args["model_repository"]) / args["model_version"]
+        self.options = yaml.safe_load((here / "model.yaml").read_text(encoding="utf-8"))
+        self.decoupled = bool(self.options.get("triton_config", {}).get("decoupled", False))
+        self.runner, self.defaults = runner_from_model_yaml(self.options)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.options["model"])
+        self.max_seq_len = int(self.options.get("max_seq_len") or self.runner.max_len)
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        responses = []
+        for request in requests:
+            sender = request.get_response_sender() if self.decoupled else None
+            try:
+                final = self._generate(request, sender)
+            except RequestError as exc:
+                final = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+            if sender is not None:
+                sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                responses.append(final)
+        return None if self.decoupled else responses
+
+    def _params(self, request):
+        from trtspec.speculative.runner import GenerationParams
+        from trtspec.speculative.sampling import SamplingParams
+
+        d = self.defaults
+        max_tokens = int(_scalar(request, "sampling_param_max_tokens", d["max_tokens"]))
+        if max_tokens < 1:
+            raise RequestError(f"sampling_param_max_tokens must be >= 1, got {max_tokens}")
+        temperature = float(_scalar(request, "sampling_param_temperature", d["temperature"]))
+        top_k = int(_scalar(request, "sampling_param_top_k", d["top_k"]))
+        top_p = float(_scalar(request, "sampling_param_top_p", d["top_p"]))
+        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise RequestError(f"bad sampling: temperature {temperature}, top_k {top_k}, top_p {top_p}")
+        seed = _scalar(request, "sampling_param_seed", d["seed"])
+        stop = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        return GenerationParams(
+            max_tokens=max_tokens,
+            sampling=SamplingParams(temperature, top_k, top_p),
+            stop_token_ids=frozenset(stop),
+            seed=None if seed is None else int(seed),
+        )
+
+    def _generate(self, request, sender):
+        import triton_python_backend_utils as pb_utils
+
+        arrival = time.time_ns()
+        prompt = _text(request, "text_input")
+        if prompt is None or prompt == "":
+            raise RequestError("text_input is required and must not be empty")
+        params = self._params(request)
+        ids = self.tokenizer(prompt).input_ids
+        if len(ids) + params.max_tokens + self.runner.num_draft_tokens + 2 > self.max_seq_len:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + sampling_param_max_tokens ({params.max_tokens}) exceed "
+                f"max_seq_len {self.max_seq_len}"
+            )
+        streaming = bool(_scalar(request, "streaming", False))
+        if streaming and sender is None:
+            raise RequestError("Streaming is only supported in decoupled mode.")
+        exclude_input = bool(_scalar(request, "sampling_param_exclude_input_from_output", True))
+        perf = bool(_scalar(request, "sampling_param_return_perf_metrics", False))
+        want_reason = bool(_scalar(request, "return_finish_reason", False))
+        tokens: list[int] = []
+        sent = [0, 0]  # characters of text already streamed, time of first token
+
+        def on_tokens(_row: int, new: list[int]) -> None:
+            if not sent[1]:
+                sent[1] = time.time_ns()
+            tokens.extend(new)
+            if streaming:
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                if text.endswith("\ufffd"):
+                    return  # an incomplete UTF-8 sequence: wait for the next tokens
+                delta, sent[0] = text[sent[0] :], len(text)
+                if delta:
+                    sender.send(pb_utils.InferenceResponse([_string("text_output", delta)]))
+
+        scheduled = time.time_ns()
+        generation = self.runner.generate([ids], params, on_tokens=on_tokens)[0]
+        last = time.time_ns()
+        text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
+        outputs = [_string("text_output", text[sent[0] :] if streaming else text)]
+        if not streaming and not exclude_input:
+            outputs = [_string("text_output", prompt + text)]
+        if want_reason:
+            outputs.append(_string("finish_reason", generation.finish_reason))
+        if perf:
+            s = generation.stats
+            outputs += [
+                pb_utils.Tensor("acceptance_rate", np.array([s.acceptance_rate], dtype=np.float32)),
+                pb_utils.Tensor("total_accepted_draft_tokens", np.array([s.accepted_tokens], dtype=np.int32)),
+                pb_utils.Tensor("total_draft_tokens", np.array([s.draft_tokens], dtype=np.int32)),
+                pb_utils.Tensor("arrival_time_ns", np.array([arrival], dtype=np.int64)),
+                pb_utils.Tensor("first_scheduled_time_ns", np.array([scheduled], dtype=np.int64)),
+                pb_utils.Tensor("first_token_time_ns", np.array([sent[1] or last], dtype=np.int64)),
+                pb_utils.Tensor("last_token_time_ns", np.array([last], dtype=np.int64)),
+            ]
+        return pb_utils.InferenceResponse(outputs)
+
+    def finalize(self) -> None:
+        self.runner = None
+
+
+def _string(name: str, value: str):
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
