@@ -203,6 +203,7 @@ def test_engine_verification_names_the_missing_flag(tmp_path):
 
 def test_without_tensorrt_llm_build_points_to_emit_script(runner, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(builder, "trtllm_available", lambda: False)
     res = runner.invoke(cli, ["build", str(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml")])
     assert res.exit_code == 2
     assert "--emit-script" in res.output and len(res.output.strip().splitlines()) == 1
@@ -236,6 +237,7 @@ def test_emit_script_for_the_llm_api(runner, tmp_path, monkeypatch):
     assert options["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
     assert options["enable_iter_perf_stats"] is True and options["tensor_parallel_size"] == 8
     assert "trtllm-serve" in text and "--extra_llm_api_options" in text
+    assert "$" not in embedded and "huggingface-cli" not in text  # the LLM API takes hub ids as they are
 
 
 def test_dry_run_lists_steps_and_commands(runner, tmp_path, monkeypatch):

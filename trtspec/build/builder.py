@@ -236,6 +236,11 @@ def _tensorrt_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any],
         }
 
         def run(staging: Path, log: Path, role=role, section=section, ref=ref) -> list[CommandRecord]:
+            if cfg.checkpoint_path(section) is None:
+                raise UsageError(
+                    f"{role}.checkpoint {ref} is a hub id: download it (huggingface-cli download) and point the "
+                    "config at the directory, or use --emit-script, which downloads it"
+                )
             examples = _examples_dir(cfg.build.tensorrt_llm_version)
             records = []
             for command in tensorrt_commands(cfg, role, section, ref, k, str(work), str(staging)):
@@ -274,12 +279,17 @@ def _pytorch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) 
     return [Step(LLM_API_DIR, LLM_API_DIR, inputs, [serve], describe, run)]
 
 
-# python3 -c WARM_UP MODEL OPTIONS_YAML: load the LLM API with the options and generate a few tokens.
+# python3 -c WARM_UP MODEL OPTIONS_YAML: load the LLM API with the options the way trtllm-serve reads
+# --extra_llm_api_options (update_llm_args_with_extra_dict), and generate a few tokens.
 WARM_UP = """\
 import sys, yaml
 from tensorrt_llm import LLM, SamplingParams
+try:
+    from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict
+except ImportError:
+    from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
 options = yaml.safe_load(open(sys.argv[2]))
-llm = LLM(sys.argv[1], **{k: v for k, v in options.items() if k != "backend"})
+llm = LLM(**update_llm_args_with_extra_dict({"model": sys.argv[1]}, options))
 out = llm.generate(["Hello"], SamplingParams(max_tokens=4))
 print("warm-up output:", out[0].outputs[0].text)
 """
@@ -309,7 +319,7 @@ def verify_engine(engine: Path, cfg: DeploymentConfig, role: str, k: int, backen
 
 
 def _clean_stale(engine_dir: Path) -> None:
-    for stale in engine_dir.glob(".staging-*"):
+    for stale in [*engine_dir.glob(".staging-*"), *engine_dir.glob(".*.old")]:
         shutil.rmtree(stale, ignore_errors=True)
     shutil.rmtree(engine_dir / ".work", ignore_errors=True)
 
@@ -322,17 +332,27 @@ def _disk_error(exc: OSError, where: Path) -> TrtspecError:
 
 def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = lambda _msg: None) -> BuildResult:
     engine_dir = engine_dir_for(cfg)
-    if cfg.build.backend in ("tensorrt", "pytorch") and not trtllm_available():
-        raise UsageError(
-            f"backend {cfg.build.backend} needs TensorRT-LLM, which is not installed here: "
-            "run `trtspec build --emit-script build.sh` and run that script in the TensorRT-LLM container"
-        )
+    if cfg.build.backend in ("tensorrt", "pytorch"):
+        if not trtllm_available():
+            raise UsageError(
+                f"backend {cfg.build.backend} needs TensorRT-LLM, which is not installed here: "
+                "run `trtspec build --emit-script build.sh` and run that script in the TensorRT-LLM container"
+            )
+        installed = tool_versions()["tensorrt_llm"]
+        if installed != cfg.build.tensorrt_llm_version:
+            raise UsageError(
+                f"TensorRT-LLM {installed} is installed but build.tensorrt_llm_version is "
+                f"{cfg.build.tensorrt_llm_version}: engines only load in the version that built them"
+            )
     try:
         (engine_dir / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _disk_error(exc, engine_dir) from None
     k = resolve_num_draft_tokens(cfg, engine_dir)
-    steps, fingerprints = plan_steps(cfg, engine_dir, k)
+    try:
+        steps, fingerprints = plan_steps(cfg, engine_dir, k)
+    except OSError as exc:
+        raise UsageError(f"cannot read a checkpoint: {exc}") from None
     _clean_stale(engine_dir)
     manifest = Manifest.load(engine_dir) or Manifest(cfg.name, cfg.build.backend, cfg.mode)
     if (manifest.backend, manifest.mode) != (cfg.build.backend, cfg.mode):
@@ -372,11 +392,18 @@ def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = l
             raise
         seconds = round(time.perf_counter() - t0, 3)
         manifest.record(step.name, StepRecord(step.key, step.output, step.inputs, records, seconds))
-        manifest.save(engine_dir)
+        _save(manifest, engine_dir)
         built.append(step.name)
         progress(f"{step.name}: built in {seconds:.1f}s")
-    manifest.save(engine_dir)
+    _save(manifest, engine_dir)
     return BuildResult(engine_dir, built, skipped, k)
+
+
+def _save(manifest: Manifest, engine_dir: Path) -> None:
+    try:
+        manifest.save(engine_dir)
+    except OSError as exc:
+        raise _disk_error(exc, engine_dir / "manifest.json") from None
 
 
 def describe_plan(cfg: DeploymentConfig) -> list[str]:

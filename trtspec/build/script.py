@@ -59,7 +59,8 @@ def _header(cfg: DeploymentConfig) -> list[str]:
         f"#   docker run --rm --gpus all -v $PWD:/workspace -w /workspace {container_image(version)} bash build.sh",
         "set -euo pipefail",
         f"TRTLLM_VERSION={version}",
-        'installed=$(python3 -c "import tensorrt_llm; print(tensorrt_llm.__version__)" 2>/dev/null | tail -n 1)',
+        'installed=$(python3 -c "import tensorrt_llm; print(tensorrt_llm.__version__)" 2>/dev/null \\',
+        "  | tail -n 1 || true)",
         'if [ "$installed" != "$TRTLLM_VERSION" ]; then',
         '  echo "this container has TensorRT-LLM ${installed:-none}; the config needs $TRTLLM_VERSION" >&2; exit 1',
         "fi",
@@ -111,7 +112,8 @@ def _tensorrt_script(cfg: DeploymentConfig, k: int) -> list[str]:
                 if family is None:  # a hub id: the architecture is known once it is downloaded
                     lines.append(f'family=$(python3 -c {_q(FAMILY)} "{model_dir}" {_q(json.dumps(CONVERT_FAMILIES))})')
                     family = "$family"
-                lines.append(f'python3 "$(convert_script {family})" {args} {log}')
+                lines.append(f"script=$(convert_script {family})")  # its own line, so a failed lookup stops set -e
+                lines.append(f'python3 "$script" {args} {log}')
             elif command.is_script:
                 lines.append(f'python3 "$TRTLLM_EXAMPLES/{command.program}" {args} {log}')
             else:
@@ -131,23 +133,30 @@ def _arg(arg: str) -> str:
 
 
 def _pytorch_script(cfg: DeploymentConfig, k: int) -> list[str]:
-    lines: list[str] = []
-    target = _model_dir(cfg, "target", lines)
-    draft = _model_dir(cfg, "draft", lines) if cfg.mode == "draft-target" else None
+    """The LLM API takes hub ids as they are, so nothing is downloaded here; the options are staged
+    and moved into place only after the warm-up load succeeded."""
+
+    def model(section) -> str:
+        path = cfg.checkpoint_path(section)
+        return str(path) if path else section.checkpoint
+
+    target = model(cfg.target)
+    draft = model(cfg.draft) if cfg.mode == "draft-target" and cfg.draft else None
     options = yaml.safe_dump(llm_api_options(cfg, k, draft), sort_keys=False)
-    out = f"$ENGINES/{LLM_API_DIR}"
-    lines += [
-        f'mkdir -p "{out}"',
-        f"cat > \"{out}/{LLM_API_YAML}\" <<'YAML'",
+    out, staging = f"$ENGINES/{LLM_API_DIR}", f"$ENGINES/.staging-{LLM_API_DIR}"
+    return [
+        f'rm -rf "{staging}" && mkdir -p "{staging}"',
+        f"cat > \"{staging}/{LLM_API_YAML}\" <<'YAML'",
         options.rstrip("\n"),
         "YAML",
-        f'echo "{target}" > "{out}/model"',
+        f'echo {_q(target)} > "{staging}/model"',
         "# warm-up: prove the LLM API starts with these options",
-        f'python3 -c {_q(WARM_UP)} "{target}" "{out}/{LLM_API_YAML}" 2>&1 | tee "$ENGINES/logs/{LLM_API_DIR}.log"',
+        f'python3 -c {_q(WARM_UP)} {_q(target)} "{staging}/{LLM_API_YAML}" 2>&1'
+        f' | tee "$ENGINES/logs/{LLM_API_DIR}.log"',
+        f'rm -rf "{out}" && mv "{staging}" "{out}"',
         "# serve it with:",
         "#   " + " ".join(_serve_argv(target, f"{out}/{LLM_API_YAML}")),
     ]
-    return lines
 
 
 def _serve_argv(model: str, options: str) -> list[str]:
