@@ -414,3 +414,80 @@ def test_examples_folder_layouts(tmp_path):
     (old / "models" / "core" / "llama").mkdir(parents=True)
     (old / "models" / "core" / "llama" / "convert_checkpoint.py").write_text("")
     assert builder.convert_script_path(old, command) == old / "models/core/llama/convert_checkpoint.py"
+
+
+FAKE_TRTLLM_BUILD = """#!/usr/bin/env python3
+# stand-in for trtllm-build (TensorRT-LLM cannot run here): writes the config.json keys a real
+# build writes for the flags it was given, so the script's verification and layout are exercised
+import json, os, sys
+args = dict(a[2:].split("=", 1) if "=" in a else (a[2:], True) for a in sys.argv[1:])
+os.makedirs(args["output_dir"], exist_ok=True)
+spec = args.get("speculative_decoding_mode") == "draft_tokens_external"
+build = {"max_batch_size": int(args["max_batch_size"]), "max_seq_len": int(args["max_seq_len"]),
+         "max_draft_len": int(args.get("max_draft_len", 0)), "speculative_decoding_mode": 2 if spec else 1,
+         "gather_generation_logits": "gather_generation_logits" in args,
+         "plugin_config": {"use_paged_context_fmha": args.get("use_paged_context_fmha") == "enable"}}
+vocab = json.load(open(args["checkpoint_dir"] + "/config.json"))["vocab_size"]
+engine = {"pretrained_config": {"vocab_size": vocab}, "build_config": build}
+json.dump(engine, open(args["output_dir"] + "/config.json", "w"))
+"""
+FAKE_CONVERT = """import json, os, sys
+# stand-in for convert_checkpoint.py: a TensorRT-LLM checkpoint dir carrying the model's vocab_size
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
+os.makedirs(args["output_dir"], exist_ok=True)
+vocab = json.load(open(args["model_dir"] + "/config.json"))["vocab_size"]
+json.dump({"vocab_size": vocab}, open(args["output_dir"] + "/config.json", "w"))
+"""
+
+
+def test_emitted_engine_script_runs_end_to_end_with_stand_in_tools(tmp_path):
+    """The script's shell logic for real (version check, convert lookup, verification, manifest),
+    with stand-ins for what only NVIDIA's container has: tensorrt_llm, convert_checkpoint.py, trtllm-build."""
+    target, draft = pair(tmp_path)
+    config = tmp_path / "dtm.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "dtm",
+                "target": {"checkpoint": str(target), "dtype": "float16"},
+                "draft": {"checkpoint": str(draft), "dtype": "float16"},
+                "speculation": {"mode": "draft-target", "num_draft_tokens": 3},
+                "build": {"backend": "tensorrt", "max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128},
+                "serve": {"flavour": "engine", "streaming": False},
+            }
+        )
+    )
+    script = tmp_path / "build.sh"
+    assert run_cli("build", str(config), "--emit-script", str(script), cwd=tmp_path).returncode == 0
+    fake = tmp_path / "fake"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "trtllm-build").write_text(FAKE_TRTLLM_BUILD)
+    (fake / "bin" / "trtllm-build").chmod(0o755)
+    (fake / "tensorrt_llm").mkdir()
+    (fake / "tensorrt_llm" / "__init__.py").write_text('__version__ = "1.2.1"\n')
+    examples = fake / "examples" / "models" / "core" / "llama"
+    examples.mkdir(parents=True)
+    (examples / "convert_checkpoint.py").write_text(FAKE_CONVERT)
+    env = {
+        **os.environ,
+        "PATH": f"{fake / 'bin'}:{os.environ['PATH']}",
+        "PYTHONPATH": str(fake),
+        "TRTLLM_EXAMPLES": str(fake / "examples"),
+    }
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    engines = tmp_path / "engines" / "dtm"
+    assert json.loads((engines / "target" / "config.json").read_text())["build_config"]["max_draft_len"] == 3
+    manifest = json.loads((engines / "manifest.json").read_text())
+    assert manifest["tools"]["tensorrt_llm"] == "1.2.1" and set(manifest["steps"]) == {"target", "draft"}
+    assert manifest["steps"]["target"]["commands"][1]["argv"][0] == "trtllm-build"
+    # a container with another TensorRT-LLM refuses before building anything
+    (fake / "tensorrt_llm" / "__init__.py").write_text('__version__ = "1.1.0"\n')
+    shutil.rmtree(engines)
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "needs 1.2.1" in res.stderr and not (engines / "target").exists()
+    # a trtllm-build that drops the speculative flags fails verification, naming the flag
+    (fake / "tensorrt_llm" / "__init__.py").write_text('__version__ = "1.2.1"\n')
+    (fake / "bin" / "trtllm-build").write_text(FAKE_TRTLLM_BUILD.replace('args.get("max_draft_len", 0)', "0"))
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "--max_draft_len=3" in res.stderr and not (engines / "target").exists()

@@ -99,6 +99,7 @@ def _tensorrt_script(cfg: DeploymentConfig, k: int) -> list[str]:
     ]
     for role, section in _roles(cfg):
         lines.append(f"# --- {role}")
+        lines.append("t_step=$SECONDS")
         model_dir = _model_dir(cfg, role, lines)
         path = cfg.checkpoint_path(section)
         out = f"$ENGINES/{role}"
@@ -122,6 +123,7 @@ def _tensorrt_script(cfg: DeploymentConfig, k: int) -> list[str]:
         want = {d: list(v) for d, v in engine_expectations(cfg, role, k, vocab, "tensorrt").items()}
         lines.append(f'python3 -c {_q(VERIFY)} "{staging}" {_q(json.dumps(want))}')
         lines.append(f'rm -rf "{out}" && mv "{staging}" "{out}" && rm -rf "$WORK/{role}-ckpt"')
+        lines.append(_step_record(role))
     return lines
 
 
@@ -145,6 +147,7 @@ def _pytorch_script(cfg: DeploymentConfig, k: int) -> list[str]:
     options = yaml.safe_dump(llm_api_options(cfg, k, draft), sort_keys=False)
     out, staging = f"$ENGINES/{LLM_API_DIR}", f"$ENGINES/.staging-{LLM_API_DIR}"
     return [
+        "t_step=$SECONDS",
         f'rm -rf "{staging}" && mkdir -p "{staging}"',
         f"cat > \"{staging}/{LLM_API_YAML}\" <<'YAML'",
         options.rstrip("\n"),
@@ -154,6 +157,7 @@ def _pytorch_script(cfg: DeploymentConfig, k: int) -> list[str]:
         f'python3 -c {_q(WARM_UP)} {_q(target)} "{staging}/{LLM_API_YAML}" 2>&1'
         f' | tee "$ENGINES/logs/{LLM_API_DIR}.log"',
         f'rm -rf "{out}" && mv "{staging}" "{out}"',
+        _step_record(LLM_API_DIR),
         "# serve it with:",
         "#   " + " ".join(_serve_argv(target, f"{out}/{LLM_API_YAML}")),
     ]
@@ -164,10 +168,59 @@ def _serve_argv(model: str, options: str) -> list[str]:
     return [command.program, *command.args]
 
 
+MANIFEST = """\
+import json, sys, time
+engines, static = sys.argv[1], json.loads(sys.argv[2])
+steps = [json.loads(line) for line in open(sys.argv[4])]
+static["tools"]["tensorrt_llm"] = sys.argv[3]
+static["steps"] = {s["step"]: {**static["steps"][s["step"]], "duration_s": s["duration_s"]} for s in steps}
+static["outputs"] = sorted(static["steps"])
+static["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+json.dump(static, open(engines + "/manifest.json.tmp", "w"), indent=2)
+"""
+
+
+def _step_record(step: str) -> str:
+    """set -e guarantees every command of the step exited 0 when this line runs."""
+    return f'echo "{{\\"step\\": \\"{step}\\", \\"duration_s\\": $((SECONDS - t_step))}}" >> "$WORK/steps.jsonl"'
+
+
+def _manifest_lines(cfg: DeploymentConfig, k: int) -> list[str]:
+    """The same manifest.json `trtspec build` writes: config hash, inputs, each step's commands."""
+    from trtspec.build.builder import plan_steps
+    from trtspec.build.manifest import tool_versions
+
+    steps, fingerprints = plan_steps(cfg, engine_dir_for(cfg), k)
+    static = {
+        "name": cfg.name,
+        "backend": cfg.build.backend,
+        "mode": cfg.mode,
+        "config_sha256": cfg.digest(),
+        "config_path": str(cfg.source) if cfg.source else None,
+        "num_draft_tokens": k,
+        "tools": {"trtspec": tool_versions()["trtspec"], "tensorrt_llm": None, "emitted_script": True},
+        "inputs": fingerprints,
+        "steps": {
+            s.name: {
+                "key": s.key,
+                "output": s.output,
+                "inputs": s.inputs,
+                "commands": [{"argv": [c.program, *c.args], "exit_code": 0} for c in s.commands],
+            }
+            for s in steps
+        },
+    }
+    return [
+        f'python3 -c {_q(MANIFEST)} "$ENGINES" {_q(json.dumps(static))} "$installed" "$WORK/steps.jsonl"',
+        'mv "$ENGINES/manifest.json.tmp" "$ENGINES/manifest.json"',
+    ]
+
+
 def build_script(cfg: DeploymentConfig) -> str:
     k = resolve_num_draft_tokens(cfg, engine_dir_for(cfg))
     body = _tensorrt_script(cfg, k) if cfg.build.backend == "tensorrt" else _pytorch_script(cfg, k)
-    return "\n".join([*_header(cfg), *body, 'echo "build finished: $ENGINES"', ""])
+    start = [': > "$WORK/steps.jsonl"']
+    return "\n".join([*_header(cfg), *start, *body, *_manifest_lines(cfg, k), 'echo "build finished: $ENGINES"', ""])
 
 
 def write_script(cfg: DeploymentConfig, path: Path) -> None:
