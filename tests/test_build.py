@@ -210,13 +210,18 @@ def test_without_tensorrt_llm_build_points_to_emit_script(runner, tmp_path, monk
     assert not (tmp_path / "engines").exists()
 
 
-def test_emit_script_for_the_engine_recipe(runner, tmp_path, monkeypatch):
+def emit_script(runner, tmp_path, monkeypatch, config: str) -> tuple[Path, str]:
+    """`trtspec build CONFIG --emit-script`, checked to exit 0 and to be valid bash."""
     monkeypatch.chdir(tmp_path)
     script = tmp_path / "build.sh"
-    res = runner.invoke(cli, ["build", str(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml"), "--emit-script", str(script)])
+    res = runner.invoke(cli, ["build", str(CONFIGS / config), "--emit-script", str(script)])
     assert res.exit_code == 0, res.output
-    text = script.read_text()
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    return script, script.read_text()
+
+
+def test_emit_script_for_the_engine_recipe(runner, tmp_path, monkeypatch):
+    script, text = emit_script(runner, tmp_path, monkeypatch, "llama-3.3-70b-1b-draft-h200.yaml")
     assert "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in text and "TRTLLM_VERSION=1.2.1" in text
     assert "huggingface-cli download meta-llama/Llama-3.3-70B-Instruct" in text
     assert "quantization/quantize.py" in text and "--qformat=fp8" in text
@@ -226,12 +231,7 @@ def test_emit_script_for_the_engine_recipe(runner, tmp_path, monkeypatch):
 
 
 def test_emit_script_for_the_llm_api(runner, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    script = tmp_path / "build.sh"
-    res = runner.invoke(cli, ["build", str(CONFIGS / "deepseek-r1-mtp-8gpu.yaml"), "--emit-script", str(script)])
-    assert res.exit_code == 0, res.output
-    text = script.read_text()
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    _, text = emit_script(runner, tmp_path, monkeypatch, "deepseek-r1-mtp-8gpu.yaml")
     embedded = text.split("<<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0]
     options = yaml.safe_load(embedded)
     assert options["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from trtspec import __version__
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.errors import UsageError
-from trtspec.speculative.model import _read_weights, load_transformer
+from trtspec.speculative.model import load_transformer, read_weights
 
 ENGINE_JSON = "engine.json"
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -35,7 +35,7 @@ def write_torch_engine(
     """Cast `checkpoint` into `out`, write engine.json, then load it and run one token to prove it starts."""
     hf = read_hf_config(checkpoint)
     out.mkdir(parents=True, exist_ok=True)
-    source = _read_weights(checkpoint)
+    source = read_weights(checkpoint)
     weights = {n: (t.to(dtype) if t.is_floating_point() else t).contiguous() for n, t in source.items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     for name in (*COPIED, *COPIED_GLOBS):

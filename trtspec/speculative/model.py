@@ -242,7 +242,7 @@ def _rope_tables(hf_config: dict, dims: ModelDims, max_len: int) -> tuple[torch.
     return cos[0], sin[0]
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise UsageError(f"{path}: no *.safetensors weights (trtspec reads safetensors only)")
@@ -291,7 +291,7 @@ def load_transformer(
         dims = ModelDims(**{**dims.__dict__, "num_mtp_layers": mtp_layers})
     max_len = min(max_len, dims.max_position_embeddings)
     cos, sin = _rope_tables(hf, dims, max_len)
-    w = _read_weights(path)
+    w = read_weights(path)
     try:
         state = {"embed_tokens.weight": w["model.embed_tokens.weight"], "norm.weight": w["model.norm.weight"]}
         state["lm_head.weight"] = w.get("lm_head.weight", w["model.embed_tokens.weight"])
