@@ -39,8 +39,8 @@ def test_prediction_from_known_costs():
     # plain step 10 ms; a draft token 1 ms; verifying K+1 tokens 10 + K ms
     costs = {
         "by_batch": {
-            1: {"plain_s": 0.010, "draft_s": 0.001, "verify_s": {k: 0.010 + 0.001 * k for k in (1, 2, 3)}},
-            8: {"plain_s": 0.010, "draft_s": 0.004, "verify_s": {k: 0.010 * (k + 1) for k in (1, 2, 3)}},
+            1: {"plain_s": 0.010, "step_s": {k: 0.001 * k + 0.010 + 0.001 * k for k in (1, 2, 3)}},
+            8: {"plain_s": 0.010, "step_s": {k: 0.004 * k + 0.010 * (k + 1) for k in (1, 2, 3)}},
         }
     }
     rates = [0.8, 0.5, 0.5]
@@ -69,6 +69,9 @@ def test_gpu_roofline_for_published_pairs(tmp_path):
     assert 0.03 < costs["c"] < 0.05
     # at batch 1 verifying 5 tokens costs the same memory traffic as 1
     assert costs["by_batch"][1]["verify_s"][4] == pytest.approx(costs["by_batch"][1]["plain_s"])
+    assert costs["by_batch"][1]["step_s"][4] == pytest.approx(
+        4 * costs["by_batch"][1]["draft_s"] + costs["by_batch"][1]["plain_s"]
+    )
     ds = config(
         tmp_path,
         _published(tmp_path, "r1", DEEPSEEK_R1),

@@ -1,10 +1,11 @@
 """`trtspec plan`: measured acceptance on the user's prompts -> the K to build and the speedup to expect.
 
 Acceptance per position and per category comes from running the drafter against the target with
-the torch runner. Costs come from this machine (torch backend: the runner's own draft time per
-token and verify overhead, and model calls timed per batch size), or, for a GPU deployment, from a
-memory-bandwidth roofline over parameter and KV bytes. The speedup at batch B and K drafts is
-E[tokens/step](K) x t_plain(B) / (K t_draft(B) + t_verify(B, K) + overhead); where it falls below 1,
+the torch runner. Costs come from this machine (torch backend: the runner's whole decoding step
+timed at each K and plain decoding timed per token, scaled to larger batches by model calls timed
+per batch size), or, for a GPU deployment, from a memory-bandwidth roofline over parameter and KV
+bytes (a step is K draft calls plus one verify call). The speedup at batch B and K drafts is
+E[tokens/step](K) x t_plain(B) / t_step(B, K); where it falls below 1,
 speculation stops paying (TensorRT-LLM 1.2's `max_concurrency` turns it off above that batch).
 """
 
@@ -36,6 +37,7 @@ GPUS = {
     "b200": {"memory_gb": 180, "bandwidth_gbs": 8000, "tflops": 2250},
 }
 PROBE_K = 8
+CALIBRATION_PROMPTS = 3  # prompts timed at each K on this machine
 
 
 def batch_sizes(max_batch: int) -> list[int]:
@@ -52,7 +54,6 @@ class Acceptance:
     by_category: dict[str, dict[str, Any]]
     rate: float  # accepted / drafted over every position
     draft_s_per_token: float
-    verify_overhead_s: float  # per step, beyond the target forward
     probe_k: int
 
 
@@ -100,7 +101,6 @@ def measure_acceptance(
         by_category=categories,
         rate=sum(totals["accepted"]) / totals["drafts"],
         draft_s_per_token=totals["draft_s"] / totals["drafts"],
-        verify_overhead_s=totals["verify_s"] / totals["steps"],
         probe_k=k,
     )
 
@@ -125,23 +125,57 @@ def forward_seconds(model, batch: int, tokens: int, context: int = 128) -> float
     return median_seconds(lambda: model(toks, pos, cache))
 
 
-def local_costs(runner: SpeculativeRunner, acc: Acceptance, batches: list[int]) -> dict[str, Any]:
-    """Seconds per plain token and per speculative step at each batch size and K, on this machine."""
+def step_seconds(runner: SpeculativeRunner, prompts: list[list[int]], k: int, max_tokens: int, sampling) -> float:
+    """Wall seconds per decoding step (prefill excluded) of the real runner at K drafts.
+
+    Timing the whole loop, not the model calls alone, keeps what the cost formula would miss: the
+    draft's catch-up forward over the tokens accepted last step (amortised over K, so it weighs most
+    at small K), sampling, verification and bookkeeping.
+    """
+    params = GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0, num_draft_tokens=k)
+    runner.generate([prompts[0]], GenerationParams(max_tokens=4, sampling=sampling, num_draft_tokens=k))
+    loop_s, steps = 0.0, 0
+    for ids in prompts:
+        t0 = time.perf_counter()
+        g = runner.generate([ids], params)[0]
+        loop_s += time.perf_counter() - t0 - g.stats.prefill_s
+        steps += g.stats.steps
+    return loop_s / steps
+
+
+def local_costs(
+    runner: SpeculativeRunner,
+    plain: SpeculativeRunner,
+    acc: Acceptance,
+    calibration: list[list[int]],
+    batches: list[int],
+    max_tokens: int,
+    sampling: SamplingParams,
+) -> dict[str, Any]:
+    """Seconds per plain token and per speculative step at each batch size and K, on this machine.
+
+    Batch 1 is timed on the runner itself; larger batches scale the verify part by the target's
+    forward time at that batch and width, and the draft part by the draft's.
+    """
     target = runner.target
-    t_verify_probe = forward_seconds(target, 1, acc.probe_k + 1)
-    overhead = max(0.0, acc.verify_overhead_s - t_verify_probe)  # bookkeeping and sampling per step
     draft_model = getattr(runner.drafter, "model", target)
-    out: dict[str, Any] = {"overhead_s": overhead, "by_batch": {}}
+    plain_1 = step_seconds(plain, calibration, 0, max_tokens, sampling)
+    steps_1 = {k: step_seconds(runner, calibration, k, max_tokens, sampling) for k in range(1, acc.probe_k + 1)}
+    out: dict[str, Any] = {"by_batch": {}}
+    fwd_1 = {w: forward_seconds(target, 1, w) for w in range(1, acc.probe_k + 2)}
     for b in batches:
-        t1 = forward_seconds(target, b, 1)
-        draft_scale = 1.0 if b == 1 else forward_seconds(draft_model, b, 1) / forward_seconds(draft_model, 1, 1)
-        out["by_batch"][b] = {
-            "plain_s": t1 + overhead,
-            "draft_s": acc.draft_s_per_token * draft_scale,
-            "verify_s": {k: forward_seconds(target, b, k + 1) + overhead for k in range(1, acc.probe_k + 1)},
-        }
-    b1 = out["by_batch"][1]
-    out["c"] = b1["draft_s"] / b1["plain_s"]
+        if b == 1:
+            plain_b, draft_scale, verify_scale = plain_1, 1.0, {w: 1.0 for w in fwd_1}
+        else:
+            verify_scale = {w: forward_seconds(target, b, w) / fwd_1[w] for w in fwd_1}
+            draft_scale = forward_seconds(draft_model, b, 1) / forward_seconds(draft_model, 1, 1)
+            plain_b = plain_1 * verify_scale[1]
+        step_b = {}
+        for k, s in steps_1.items():
+            draft_part = min(s, k * acc.draft_s_per_token)
+            step_b[k] = draft_part * draft_scale + (s - draft_part) * verify_scale[k + 1]
+        out["by_batch"][b] = {"plain_s": plain_b, "draft_s": acc.draft_s_per_token * draft_scale, "step_s": step_b}
+    out["c"] = acc.draft_s_per_token / plain_1
     return out
 
 
@@ -167,7 +201,7 @@ def gpu_costs(cfg: DeploymentConfig, gpu: str, probe_k: int, batches: list[int],
         compute = 2 * params * batch * tokens / flops
         return max(memory, compute)
 
-    out: dict[str, Any] = {"gpu": gpu, "overhead_s": 0.0, "by_batch": {}}
+    out: dict[str, Any] = {"gpu": gpu, "by_batch": {}}
     for batch in batches:
         plain = step(tm.weight_bytes_per_gpu, tm.kv_bytes_per_token_per_gpu, tm.params, batch, 1)
         out["by_batch"][batch] = {
@@ -177,6 +211,9 @@ def gpu_costs(cfg: DeploymentConfig, gpu: str, probe_k: int, batches: list[int],
                 k: step(tm.weight_bytes_per_gpu, tm.kv_bytes_per_token_per_gpu, tm.params, batch, k + 1)
                 for k in range(1, probe_k + 1)
             },
+        }
+        out["by_batch"][batch]["step_s"] = {
+            k: k * out["by_batch"][batch]["draft_s"] + v for k, v in out["by_batch"][batch]["verify_s"].items()
         }
     out["c"] = out["by_batch"][1]["draft_s"] / out["by_batch"][1]["plain_s"]
     return out
@@ -189,7 +226,7 @@ def predict(rates: list[float], costs: dict[str, Any]) -> dict[str, Any]:
         table[batch] = {}
         for k in range(1, len(rates) + 1):
             tokens = expected_tokens_per_step_positional(rates[:k])
-            table[batch][k] = tokens * c["plain_s"] / (k * c["draft_s"] + c["verify_s"][k])
+            table[batch][k] = tokens * c["plain_s"] / c["step_s"][k]
     best = {b: max(row.items(), key=lambda kv: kv[1]) for b, row in table.items()}
     stops = next((b for b, (_, s) in sorted(best.items()) if s < 1.0), None)
     return {
@@ -233,7 +270,9 @@ def run_plan(
     acc = measure_acceptance(runner, tokenizer, prompts, max_tokens, sampling, max_prompt_tokens)
     batches = batch_sizes(cfg.build.max_batch_size)
     if cfg.build.backend == "torch":
-        costs = local_costs(runner, acc, batches)
+        plain = load_runner(target_path, "none", max_len=max_len, target=runner.target)
+        calibration = [tokenizer(p.text).input_ids[-max_prompt_tokens:] for p in prompts[:CALIBRATION_PROMPTS]]
+        costs = local_costs(runner, plain, acc, calibration, batches, min(max_tokens, 64), sampling)
         where = "measured on this machine (torch runner)"
     else:
         gpu = gpu or next((n for n, g in GPUS.items() if g["memory_gb"] == cfg.build.gpu_memory_gb), "h100")
@@ -253,7 +292,6 @@ def run_plan(
         "costs": {
             "where": where,
             "c": costs["c"],
-            "overhead_s": costs["overhead_s"],
             "by_batch": {str(b): v for b, v in costs["by_batch"].items()},
         },
         "recommended_num_draft_tokens": recommended,
