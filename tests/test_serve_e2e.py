@@ -1,24 +1,27 @@
-"""The llmapi repository of the embedded pair on a real tritonserver (the nvidia-pytriton wheel's).
+"""Repositories of the embedded pair on a real tritonserver (the nvidia-pytriton wheel's).
 
-Built and packaged with the CLI, served by `trtspec serve --detach`, queried over HTTP generate,
-HTTP generate_stream (SSE) and gRPC streaming, and stopped with `trtspec serve --stop`.
+Both flavours for draft-target, MTP and baseline: each is built and packaged with the CLI, served by
+`trtspec serve --detach`, queried over HTTP generate, HTTP generate_stream (SSE) and gRPC streaming,
+and stopped with `trtspec serve --stop`. The servers stay up together until the module ends, so the
+speculative and baseline repositories are also checked side by side.
 """
 
 from __future__ import annotations
 
 import json
 import queue
-import shutil
 import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import pytest
+import yaml
 from conftest import CONFIGS
 
 from trtspec.serve.locate import find_tritonserver
@@ -28,6 +31,14 @@ pytestmark = [
     pytest.mark.skipif(find_tritonserver() is None, reason="no tritonserver (install the server extra)"),
 ]
 PROMPT = "ROMEO:\nBut soft, what light"
+REPOS = {
+    "llmapi-draft-target": ("tiny-draft-target.yaml", {}),
+    "llmapi-mtp": ("tiny-mtp.yaml", {}),
+    "llmapi-baseline": ("tiny-baseline.yaml", {}),
+    "engine-draft-target": ("tiny-draft-target.yaml", {"flavour": "engine", "streaming": False}),
+    "engine-mtp": ("tiny-mtp.yaml", {"flavour": "engine"}),
+    "engine-baseline": ("tiny-baseline.yaml", {"flavour": "engine"}),
+}
 
 
 def free_port() -> int:
@@ -40,137 +51,230 @@ def trtspec(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trtspec", *args], cwd=cwd, capture_output=True, text=True)
 
 
+@dataclass
+class Served:
+    """One running repository and how its flavour names things."""
+
+    key: str
+    config: object
+    http: str
+    grpc: str
+    flavour: str
+    mode: str
+    k: int
+    decoupled: bool
+
+    @property
+    def model(self) -> str:
+        if self.flavour == "llmapi":
+            return "tensorrt_llm"
+        return "tensorrt_llm_bls" if self.mode == "draft-target" else "ensemble"
+
+    def body(self, prompt: str | None = PROMPT, max_tokens=32, perf=False, stream=False) -> dict:
+        if self.flavour == "llmapi":
+            body = {"sampling_param_max_tokens": max_tokens, "sampling_param_return_perf_metrics": perf}
+            body["streaming"] = stream
+        else:
+            body = {"max_tokens": max_tokens, "return_perf_metrics": perf, "exclude_input_in_output": True}
+            body["stream"] = stream
+            if self.model == "tensorrt_llm_bls":
+                body["num_draft_tokens"] = self.k
+        return body if prompt is None else {"text_input": prompt, **body}
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def servers(tmp_path_factory):
+    """Starts repositories on demand and keeps every one up until the module ends."""
+    started: dict[str, Served] = {}
     tmp = tmp_path_factory.mktemp("serve")
-    config = tmp / "pair.yaml"
-    shutil.copy(CONFIGS / "tiny-draft-target.yaml", config)
-    for step in (("build", str(config)), ("package", str(config))):
-        res = trtspec(*step, cwd=tmp)
-        assert res.returncode == 0, res.stderr
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-    res = trtspec("serve", str(config), *ports, "--detach", cwd=tmp)
-    assert res.returncode == 0, res.stdout + res.stderr
-    yield {"http": f"localhost:{http}", "grpc": f"localhost:{grpc}", "config": config}
-    stopped = trtspec("serve", str(config), "--stop", cwd=tmp)
-    assert stopped.returncode == 0, stopped.stderr
+
+    def get(key: str) -> Served:
+        if key in started:
+            return started[key]
+        source, serve = REPOS[key]
+        data = yaml.safe_load((CONFIGS / source).read_text())
+        data["name"] = key
+        data["serve"].update(serve)
+        config = tmp / f"{key}.yaml"
+        config.write_text(yaml.safe_dump(data))
+        for step in (("build", str(config)), ("package", str(config))):
+            res = trtspec(*step, cwd=tmp)
+            assert res.returncode == 0, res.stderr
+        http, grpc, metrics = free_port(), free_port(), free_port()
+        ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+        res = trtspec("serve", str(config), *ports, "--detach", cwd=tmp)
+        assert res.returncode == 0, res.stdout + res.stderr
+        mode = data["speculation"]["mode"]
+        k = int(data["speculation"].get("num_draft_tokens", 0)) if mode != "none" else 0
+        started[key] = Served(
+            key, config, f"localhost:{http}", f"localhost:{grpc}", data["serve"]["flavour"], mode, k,
+            decoupled=data["serve"]["streaming"],
+        )  # fmt: skip
+        return started[key]
+
+    yield get
+    for served in started.values():
+        stopped = trtspec("serve", str(served.config), "--stop", cwd=tmp)
+        assert stopped.returncode == 0, stopped.stderr
 
 
-def post(server, path: str, body: dict | bytes) -> tuple[int, dict | str]:
+def post(served: Served, path: str, body: dict | bytes, model: str | None = None) -> tuple[int, dict | str]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://{server['http']}{path}", data=data, method="POST")
+    url = f"http://{served.http}/v2/models/{model or served.model}/{path}"
+    request = urllib.request.Request(url, data=data, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             text = response.read().decode()
-            return response.status, json.loads(text) if path.endswith("/generate") else text
+            return response.status, json.loads(text) if path == "generate" else text
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read().decode())
+        text = exc.read().decode()
+        return exc.code, json.loads(text) if path == "generate" else text
 
 
-def generate(server, **fields) -> dict:
-    status, body = post(server, "/v2/models/tensorrt_llm/generate", {"text_input": PROMPT, **fields})
+def generate(served: Served, **fields) -> dict:
+    status, body = post(served, "generate", served.body(**fields))
     assert status == 200, body
     return body
 
 
-@pytest.fixture(scope="module")
-def in_process(server):
-    res = trtspec(
-        "generate",
-        str(server["config"]),
-        "--prompt",
-        PROMPT,
-        "--max-tokens",
-        "32",
-        "--json",
-        cwd=server["config"].parent,
-    )
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+_in_process: dict[str, str] = {}
 
 
-def test_http_generate_equals_the_in_process_runner(server, in_process):
-    body = generate(server, sampling_param_max_tokens=32, sampling_param_return_perf_metrics=True)
-    assert body["text_output"] == in_process["text"]
-    accepted, drafted = body["total_accepted_draft_tokens"], body["total_draft_tokens"]
-    assert 0 <= accepted <= drafted and drafted > 0
-    assert body["acceptance_rate"] == pytest.approx(accepted / drafted, rel=1e-6)
-    assert body["arrival_time_ns"] <= body["first_token_time_ns"] <= body["last_token_time_ns"]
+def in_process_text(served: Served) -> str:
+    if served.key not in _in_process:
+        res = trtspec("generate", str(served.config), "--prompt", PROMPT, "--max-tokens", "32", "--json", cwd=None)
+        assert res.returncode == 0, res.stderr
+        _in_process[served.key] = json.loads(res.stdout)["text"]
+    return _in_process[served.key]
 
 
-def test_sse_stream_concatenates_to_the_same_text(server, in_process):
-    status, text = post(
-        server,
-        "/v2/models/tensorrt_llm/generate_stream",
-        {"text_input": PROMPT, "sampling_param_max_tokens": 32, "streaming": True},
-    )
-    assert status == 200
-    chunks = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
-    assert len(chunks) > 2
-    assert "".join(c.get("text_output", "") for c in chunks) == in_process["text"]
-
-
-def grpc_stream(server, prompt: str, max_tokens: int) -> str:
+def grpc_stream(served: Served, prompt: str, max_tokens: int) -> list[str]:
     import tritonclient.grpc as grpcclient
 
+    def tensor(name, value):
+        if isinstance(value, str):
+            t = grpcclient.InferInput(name, [1, 1], "BYTES")
+            return t.set_data_from_numpy(np.array([[value.encode()]], dtype=np.object_))
+        dtype = {bool: "BOOL", int: "INT32"}[type(value)]
+        t = grpcclient.InferInput(name, [1, 1], dtype)
+        return t.set_data_from_numpy(np.array([[value]], dtype=bool if dtype == "BOOL" else np.int32))
+
+    body = served.body(prompt, max_tokens, stream=served.decoupled)
+    if served.flavour == "llmapi":  # the llmapi model has no batch dimension: one element per tensor
+        inputs = []
+        for name, value in body.items():
+            dtype = {str: "BYTES", bool: "BOOL", int: "INT32"}[type(value)]
+            t = grpcclient.InferInput(name, [1], dtype)
+            np_value = value.encode() if isinstance(value, str) else value
+            np_dtype = {"BYTES": np.object_, "BOOL": bool, "INT32": np.int32}[dtype]
+            inputs.append(t.set_data_from_numpy(np.array([np_value], dtype=np_dtype)))
+    else:
+        inputs = [tensor(name, value) for name, value in body.items()]
     results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server["grpc"])
-
-    def tensor(name, value, dtype):
-        t = grpcclient.InferInput(name, [1], dtype)
-        t.set_data_from_numpy(np.array([value], dtype=np.object_ if dtype == "BYTES" else None))
-        return t
-
-    inputs = [
-        tensor("text_input", prompt.encode(), "BYTES"),
-        tensor("streaming", True, "BOOL"),
-        tensor("sampling_param_max_tokens", np.int32(max_tokens), "INT32"),
-    ]
+    client = grpcclient.InferenceServerClient(served.grpc)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+    client.async_stream_infer(served.model, inputs, enable_empty_final_response=served.decoupled)
     pieces = []
     while True:
         result, error = results.get(timeout=120)
         assert error is None, error
-        response = result.get_response()
         out = result.as_numpy("text_output")
         if out is not None:
             pieces.append(out.reshape(-1)[0].decode())
-        if response.parameters["triton_final_response"].bool_param:
+        if not served.decoupled or result.get_response().parameters["triton_final_response"].bool_param:
             break
     client.stop_stream()
     client.close()
-    return "".join(pieces)
+    return pieces
 
 
-def test_grpc_streaming_returns_the_same_text(server, in_process):
-    assert grpc_stream(server, PROMPT, 32) == in_process["text"]
+@pytest.mark.parametrize("key", list(REPOS))
+def test_http_generate_equals_the_in_process_runner(servers, key):
+    served = servers(key)
+    body = generate(served, perf=True)
+    assert body["text_output"] == in_process_text(served)
+    accepted, drafted = body["total_accepted_draft_tokens"], body["total_draft_tokens"]
+    assert 0 <= accepted <= drafted
+    if served.mode == "none":
+        assert drafted == 0
+    else:
+        assert drafted > 0 and body["acceptance_rate"] == pytest.approx(accepted / drafted, rel=1e-6)
+    assert body["arrival_time_ns"] <= body["first_token_time_ns"] <= body["last_token_time_ns"]
 
 
-def test_eight_concurrent_streams_complete(server):
+@pytest.mark.parametrize("key", list(REPOS))
+def test_sse_and_grpc_streams_concatenate_to_the_same_text(servers, key):
+    served = servers(key)
+    status, text = post(served, "generate_stream", served.body(stream=served.decoupled))
+    assert status == 200, text
+    chunks = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    assert not any("error" in c for c in chunks), chunks
+    assert len(chunks) > 2 if served.decoupled else len(chunks) == 1
+    assert "".join(c.get("text_output", "") for c in chunks) == in_process_text(served)
+    pieces = grpc_stream(served, PROMPT, 32)
+    assert len(pieces) > 2 if served.decoupled else len(pieces) == 1
+    assert "".join(pieces) == in_process_text(served)
+
+
+@pytest.mark.parametrize("key", ["llmapi-draft-target", "engine-mtp", "engine-draft-target"])
+def test_eight_concurrent_streams_complete(servers, key):
+    served = servers(key)
     prompts = [f"{PROMPT} {i}" for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
-        texts = list(pool.map(partial(grpc_stream, server, max_tokens=16), prompts))
-    assert len(texts) == 8 and all(texts)
+        texts = list(pool.map(partial(grpc_stream, served, max_tokens=16), prompts))
+    assert len(texts) == 8 and all("".join(t) for t in texts)
 
 
-@pytest.mark.parametrize(
-    "body",
-    [
-        {"sampling_param_max_tokens": 4},  # no text_input
-        {"text_input": PROMPT, "sampling_param_max_tokens": 0},
-        {"text_input": PROMPT, "sampling_param_max_tokens": 100000},
-        {"text_input": PROMPT, "sampling_param_max_tokens": "many"},  # wrong dtype
-        b'{"text_input": "\xff\xfe not utf-8", "sampling_param_max_tokens": 4}',
-    ],
-)
-def test_bad_requests_get_errors_and_the_server_stays_up(server, body):
-    status, answer = post(server, "/v2/models/tensorrt_llm/generate", body)
+def bad_bodies(served: Served) -> list[dict | bytes]:
+    good = served.body(max_tokens=4)
+    limit = "sampling_param_max_tokens" if served.flavour == "llmapi" else "max_tokens"
+    not_utf8 = json.dumps({**good, "text_input": "@@"}).encode().replace(b"@@", b"\xff\xfe not utf-8")
+    return [
+        served.body(prompt=None, max_tokens=4),  # no text_input
+        {**good, limit: 0},
+        {**good, limit: 100000},
+        {**good, limit: "many"},  # wrong dtype
+        not_utf8,
+    ]
+
+
+@pytest.mark.parametrize("key", ["llmapi-draft-target", "engine-draft-target", "engine-mtp"])
+def test_bad_requests_get_errors_and_the_server_stays_up(servers, key):
+    served = servers(key)
+    for body in bad_bodies(served):
+        if served.decoupled and served.flavour == "engine":
+            # a decoupled ensemble answers over SSE: the error arrives as an event, maybe under status 200
+            status, text = post(served, "generate_stream", body)
+            events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+            events += [json.loads(text)] if text.startswith("{") else []  # refused before streaming began
+            assert any("error" in e for e in events), (body, text)
+        else:
+            status, answer = post(served, "generate", body)
+            assert status >= 400 and "error" in answer, (body, answer)
+        assert generate(served, max_tokens=4)["text_output"]
+    status, answer = post(served, "generate", {"text_input": PROMPT}, model="nope")
     assert status >= 400 and "error" in answer
-    assert generate(server, sampling_param_max_tokens=4)["text_output"]
 
 
-def test_unknown_model_is_an_error(server):
-    status, answer = post(server, "/v2/models/nope/generate", {"text_input": PROMPT})
-    assert status >= 400 and "error" in answer
+def test_bls_refuses_what_the_documented_loop_refuses(servers):
+    served = servers("engine-draft-target")
+    status, answer = post(served, "generate", {**served.body(), "stream": True})
+    assert status >= 400 and "stream" in answer["error"]
+    baseline = servers("engine-baseline")
+    status, answer = post(baseline, "generate", {**baseline.body(), "num_draft_tokens": 2}, model="tensorrt_llm_bls")
+    assert status >= 400 and "without draft model" in answer["error"]
+
+
+def test_speculative_and_baseline_repositories_serve_side_by_side(servers):
+    pairs = [
+        (servers("llmapi-draft-target"), servers("llmapi-baseline")),
+        (servers("engine-mtp"), servers("engine-baseline")),
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(generate, s, perf=True) for pair in pairs for s in pair]
+        answers = [f.result() for f in futures]
+    for (spec, base), (a, b) in zip(pairs, zip(answers[::2], answers[1::2], strict=True), strict=True):
+        assert spec.http != base.http
+        # greedy speculation is lossless: the same text as the baseline, with drafts behind it
+        assert a["text_output"] == b["text_output"]
+        assert a["total_draft_tokens"] > 0 and b["total_draft_tokens"] == 0

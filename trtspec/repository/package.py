@@ -1,28 +1,47 @@
-"""`trtspec package`: a built config's engines -> model_repository/NAME, written atomically.
+"""`trtspec package`: a config -> model_repository/NAME, staged in a temporary directory and renamed.
 
-So far: the llmapi flavour on the torch backend (trtspec's python model behind TensorRT-LLM's
-contract). The engine flavour (ensemble + BLS) and the repositories for NVIDIA's container are
-refused with a one-line error until they land.
+Four repositories, one client contract:
+- torch + llmapi: `tensorrt_llm` is trtspec's python model reading 1/model.yaml.
+- torch + engine: ensemble, preprocessing, postprocessing, tensorrt_llm (+ tensorrt_llm_draft and
+  tensorrt_llm_bls) are all trtspec's python models behind TensorRT-LLM's tensor names.
+- pytorch + llmapi and tensorrt + engine are for NVIDIA's tritonserver-trtllm container: the configs
+  are trtspec's (typed, parameters as the documented fill_template commands set them), the python
+  code is the container's own, linked from /app/all_models (see CONTAINER_MODELS for why), and paths
+  are those the deployment mounts: engines under /trtspec/engines/NAME, checkpoints under
+  /trtspec/checkpoints/{target,draft} (hub ids are passed through).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
 import yaml
 
-from trtspec.build.builder import engine_dir_for
+from trtspec.build.builder import engine_dir_for, resolve_num_draft_tokens
 from trtspec.build.manifest import Manifest
 from trtspec.build.recipes import llm_api_options
-from trtspec.config import DeploymentConfig
+from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import UsageError
 from trtspec.fsutil import replace_dir
-from trtspec.repository import llmapi
+from trtspec.repository import engine, llmapi
 from trtspec.repository.pbtxt import render
 
-MODEL_PY = "from trtspec.repository.torch_llmapi_model import TorchLLMAPIModel as TritonPythonModel  # noqa: F401\n"
+CONTAINER_ROOT = "/trtspec"
+# Why the container's python models and not trtspec's: preprocessing, postprocessing, the BLS and the
+# llmapi model are versioned with the tensorrtllm backend they call (their tensors and parameters
+# change between releases), so only the copy inside the image is sure to match it.
+CONTAINER_MODELS = "/app/all_models"
+TORCH_MODELS = {
+    "tensorrt_llm": "TensorRTLLMModel",
+    "tensorrt_llm_draft": "TensorRTLLMModel",
+    "preprocessing": "PreprocessingModel",
+    "postprocessing": "PostprocessingModel",
+    "tensorrt_llm_bls": "BLSModel",
+}
+IMPORT = "from trtspec.repository.{module} import {cls} as TritonPythonModel  # noqa: F401\n"
 
 
 def repository_dir_for(cfg: DeploymentConfig) -> Path:
@@ -37,6 +56,11 @@ def _built(cfg: DeploymentConfig) -> tuple[Path, Manifest]:
     return engines.resolve(), manifest
 
 
+def _sampling(cfg: DeploymentConfig) -> dict:
+    s = cfg.speculation.sampling
+    return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "max_tokens": s.max_tokens}
+
+
 def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
     draft = str(engines / "draft") if cfg.mode == "draft-target" else None
     options = llm_api_options(cfg, k, draft)
@@ -46,33 +70,139 @@ def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
         spec.pop("speculative_model_dir", None)
         if draft:
             spec["speculative_model"] = draft
-    s = cfg.speculation.sampling
-    options["trtspec"] = {
-        "device": cfg.build.device,
-        "dtype": cfg.target.dtype,
-        "sampling": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "max_tokens": s.max_tokens},
-    }
+    options["trtspec"] = {"device": cfg.build.device, "dtype": cfg.target.dtype, "sampling": _sampling(cfg)}
     return llmapi.model_yaml({"model": options.pop("model"), **options}, decoupled=cfg.serve.streaming)
 
 
-def package_repository(cfg: DeploymentConfig) -> Path:
-    if cfg.build.backend != "torch" or cfg.serve.flavour != "llmapi":
-        raise UsageError(
-            f"packaging backend {cfg.build.backend} with flavour {cfg.serve.flavour} is not implemented yet; "
-            "trtspec packages the llmapi flavour of the torch backend"
-        )
+def _write(model_dir: Path, config, files: dict[str, str] | None = None, links: dict[str, str] | None = None) -> None:
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(render(config), encoding="utf-8")
+    for name, text in (files or {}).items():
+        (model_dir / "1" / name).write_text(text, encoding="utf-8")
+    for name, target in (links or {}).items():
+        (model_dir / "1" / name).symlink_to(target)
+
+
+def _torch_llmapi(cfg: DeploymentConfig, out: Path) -> None:
     engines, manifest = _built(cfg)
+    config = llmapi.llmapi_config(cfg.serve.instances)
+    config.model_transaction_policy.decoupled = cfg.serve.streaming
+    options = torch_model_yaml(cfg, engines, manifest.num_draft_tokens or 0)
+    files = {
+        "model.yaml": yaml.safe_dump(options, sort_keys=False),
+        "model.py": IMPORT.format(module="torch_llmapi_model", cls="TorchLLMAPIModel"),
+    }
+    _write(out / llmapi.MODEL, config, files)
+
+
+def _engine_models(cfg: DeploymentConfig, p: engine.EngineParams, backend: str, draft_dir: str, extra: dict) -> dict:
+    """name -> ModelConfig for the engine flavour, the same set and wiring for both engines."""
+    speculating = cfg.mode == "draft-target"
+    models = {
+        "ensemble": engine.ensemble_config(p),
+        "preprocessing": engine.preprocessing_config(p),
+        "postprocessing": engine.postprocessing_config(p),
+        "tensorrt_llm": engine.tensorrt_llm_config("tensorrt_llm", p, backend, extra.get("tensorrt_llm")),
+        "tensorrt_llm_bls": engine.bls_config(
+            p, "tensorrt_llm_draft" if speculating else None, streams=backend == "tensorrtllm"
+        ),
+    }
+    if speculating:
+        draft = engine.EngineParams(**{**p.__dict__, "engine_dir": draft_dir})
+        models["tensorrt_llm_draft"] = engine.tensorrt_llm_config(
+            "tensorrt_llm_draft", draft, backend, extra.get("tensorrt_llm_draft")
+        )
+    return models
+
+
+def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
+    engines, manifest = _built(cfg)
+    b = cfg.build
+    p = engine.EngineParams(
+        max_batch_size=b.max_batch_size,
+        decoupled=cfg.serve.streaming and cfg.mode != "draft-target",
+        engine_dir=str(engines / "target"),
+        tokenizer_dir=str(engines / "target"),
+        instances=cfg.serve.instances,
+    )
+    common = {
+        "trtspec_device": b.device,
+        "trtspec_dtype": cfg.target.dtype,
+        "trtspec_max_seq_len": str(b.max_seq_len),
+        "trtspec_sampling": json.dumps(_sampling(cfg)),
+    }
+    target = {**common, "trtspec_mode": "mtp" if cfg.mode == "mtp" else "none"}
+    if cfg.mode == "mtp":
+        target["trtspec_num_draft_tokens"] = str(manifest.num_draft_tokens or 1)
+    draft = {**common, "trtspec_dtype": cfg.draft.dtype if cfg.draft else cfg.target.dtype}
+    extra = {"tensorrt_llm": target, "tensorrt_llm_draft": draft}
+    models = _engine_models(cfg, p, "python", str(engines / "draft"), extra)
+    engine.required_inputs_checked_by_preprocessing(models["ensemble"], models["preprocessing"])
+    for name, config in models.items():
+        cls = TORCH_MODELS.get(name)
+        code = IMPORT.format(module="torch_engine_models", cls=cls)
+        _write(out / name, config, {"model.py": code} if cls else None)
+
+
+def _container_checkpoint(section: ModelSection, role: str) -> str:
+    local = section.checkpoint.startswith(("/", ".", "embedded:")) or Path(section.checkpoint).exists()
+    return f"{CONTAINER_ROOT}/checkpoints/{role}" if local else section.checkpoint
+
+
+def _nvidia_engine(cfg: DeploymentConfig, out: Path) -> None:
+    """tensorrt backend: NVIDIA's inflight_batcher_llm models; draft and target share a GPU at 0.5 each."""
+    b = cfg.build
+    root = f"{CONTAINER_ROOT}/engines/{cfg.name}"
+    speculating = cfg.mode == "draft-target"
+    p = engine.EngineParams(
+        max_batch_size=b.max_batch_size,
+        decoupled=cfg.serve.streaming and not speculating,
+        engine_dir=f"{root}/target",
+        tokenizer_dir=_container_checkpoint(cfg.target, "target"),
+        kv_cache_free_gpu_mem_fraction=0.5 if speculating else b.kv_cache_free_gpu_mem_fraction,
+        instances=cfg.serve.instances,
+    )
+    models = _engine_models(cfg, p, "tensorrtllm", f"{root}/draft", {})
+    for name, config in models.items():
+        links = {}
+        if name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
+            links["model.py"] = f"{CONTAINER_MODELS}/inflight_batcher_llm/{name}/1/model.py"
+            if name == "tensorrt_llm_bls":
+                links["lib"] = f"{CONTAINER_MODELS}/inflight_batcher_llm/{name}/1/lib"
+        _write(out / name, config, links=links)
+
+
+def _nvidia_llmapi(cfg: DeploymentConfig, out: Path) -> None:
+    """pytorch backend: NVIDIA's llmapi model with model.yaml (LLM() arguments + triton_config)."""
+    k = resolve_num_draft_tokens(cfg, engine_dir_for(cfg))
+    draft = _container_checkpoint(cfg.draft, "draft") if cfg.draft and cfg.mode == "draft-target" else None
+    options = llm_api_options(cfg, k, draft)
+    options = llmapi.model_yaml({"model": _container_checkpoint(cfg.target, "target"), **options}, cfg.serve.streaming)
+    config = llmapi.llmapi_config(cfg.serve.instances)
+    config.model_transaction_policy.decoupled = cfg.serve.streaming
+    _write(
+        out / llmapi.MODEL,
+        config,
+        {"model.yaml": yaml.safe_dump(options, sort_keys=False)},
+        {"model.py": f"{CONTAINER_MODELS}/llmapi/tensorrt_llm/1/model.py"},
+    )
+
+
+WRITERS = {
+    ("torch", "llmapi"): _torch_llmapi,
+    ("torch", "engine"): _torch_engine,
+    ("pytorch", "llmapi"): _nvidia_llmapi,
+    ("tensorrt", "engine"): _nvidia_engine,
+}
+
+
+def package_repository(cfg: DeploymentConfig) -> Path:
+    writer = WRITERS[(cfg.build.backend, cfg.serve.flavour)]  # other pairs are refused by config validation
     final = repository_dir_for(cfg)
     staging = final.parent / f".staging-{final.name}-{os.getpid()}"
     try:
-        model = staging / llmapi.MODEL
-        (model / "1").mkdir(parents=True)
-        config = llmapi.llmapi_config(cfg.serve.instances)
-        config.model_transaction_policy.decoupled = cfg.serve.streaming
-        (model / "config.pbtxt").write_text(render(config), encoding="utf-8")
-        options = torch_model_yaml(cfg, engines, manifest.num_draft_tokens or 0)
-        (model / "1" / "model.yaml").write_text(yaml.safe_dump(options, sort_keys=False), encoding="utf-8")
-        (model / "1" / "model.py").write_text(MODEL_PY, encoding="utf-8")
+        staging.mkdir(parents=True)
+        writer(cfg, staging)
         replace_dir(staging, final)
     except OSError as exc:
         raise UsageError(f"cannot write {final}: {exc.strerror or exc}") from None

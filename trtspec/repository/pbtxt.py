@@ -15,6 +15,7 @@ from trtspec.errors import TrtspecError
 
 DTYPES = {
     "BOOL": mc.TYPE_BOOL,
+    "UINT8": mc.TYPE_UINT8,
     "UINT64": mc.TYPE_UINT64,
     "INT32": mc.TYPE_INT32,
     "INT64": mc.TYPE_INT64,

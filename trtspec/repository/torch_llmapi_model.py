@@ -11,38 +11,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import yaml
 
-
-class RequestError(ValueError):
-    """A bad request: answered with an error response, never raised out of execute()."""
-
-
-def _scalar(request, name: str, default: Any = None) -> Any:
-    import triton_python_backend_utils as pb_utils
-
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return default
-    array = tensor.as_numpy()
-    if array.size == 0:
-        return default
-    return array.reshape(-1)[0]
-
-
-def _text(request, name: str) -> str | None:
-    value = _scalar(request, name)
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise RequestError(f"{name} is not valid UTF-8") from None
-    return str(value)
+from trtspec.repository.pb import RequestError, scalar, string_tensor, utf8
 
 
 class TorchLLMAPIModel:
@@ -79,15 +52,15 @@ class TorchLLMAPIModel:
         from trtspec.speculative.sampling import SamplingParams
 
         d = self.defaults
-        max_tokens = int(_scalar(request, "sampling_param_max_tokens", d["max_tokens"]))
+        max_tokens = int(scalar(request, "sampling_param_max_tokens", d["max_tokens"]))
         if max_tokens < 1:
             raise RequestError(f"sampling_param_max_tokens must be >= 1, got {max_tokens}")
-        temperature = float(_scalar(request, "sampling_param_temperature", d["temperature"]))
-        top_k = int(_scalar(request, "sampling_param_top_k", d["top_k"]))
-        top_p = float(_scalar(request, "sampling_param_top_p", d["top_p"]))
+        temperature = float(scalar(request, "sampling_param_temperature", d["temperature"]))
+        top_k = int(scalar(request, "sampling_param_top_k", d["top_k"]))
+        top_p = float(scalar(request, "sampling_param_top_p", d["top_p"]))
         if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
             raise RequestError(f"bad sampling: temperature {temperature}, top_k {top_k}, top_p {top_p}")
-        seed = _scalar(request, "sampling_param_seed", d["seed"])
+        seed = scalar(request, "sampling_param_seed", d["seed"])
         stop = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         return GenerationParams(
             max_tokens=max_tokens,
@@ -100,7 +73,7 @@ class TorchLLMAPIModel:
         import triton_python_backend_utils as pb_utils
 
         arrival = time.time_ns()
-        prompt = _text(request, "text_input")
+        prompt = utf8(request, "text_input")
         if prompt is None or prompt == "":
             raise RequestError("text_input is required and must not be empty")
         params = self._params(request)
@@ -110,12 +83,12 @@ class TorchLLMAPIModel:
                 f"prompt ({len(ids)} tokens) + sampling_param_max_tokens ({params.max_tokens}) exceed "
                 f"max_seq_len {self.max_seq_len}"
             )
-        streaming = bool(_scalar(request, "streaming", False))
+        streaming = bool(scalar(request, "streaming", False))
         if streaming and sender is None:
             raise RequestError("Streaming is only supported in decoupled mode.")
-        exclude_input = bool(_scalar(request, "sampling_param_exclude_input_from_output", True))
-        perf = bool(_scalar(request, "sampling_param_return_perf_metrics", False))
-        want_reason = bool(_scalar(request, "return_finish_reason", False))
+        exclude_input = bool(scalar(request, "sampling_param_exclude_input_from_output", True))
+        perf = bool(scalar(request, "sampling_param_return_perf_metrics", False))
+        want_reason = bool(scalar(request, "return_finish_reason", False))
         tokens: list[int] = []
         sent = [0, 0]  # characters of text already streamed, time of first token
 
@@ -129,17 +102,17 @@ class TorchLLMAPIModel:
                     return  # an incomplete UTF-8 sequence: wait for the next tokens
                 delta, sent[0] = text[sent[0] :], len(text)
                 if delta:
-                    sender.send(pb_utils.InferenceResponse([_string("text_output", delta)]))
+                    sender.send(pb_utils.InferenceResponse([string_tensor("text_output", delta)]))
 
         scheduled = time.time_ns()
         generation = self.runner.generate([ids], params, on_tokens=on_tokens)[0]
         last = time.time_ns()
         text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
-        outputs = [_string("text_output", text[sent[0] :] if streaming else text)]
+        outputs = [string_tensor("text_output", text[sent[0] :] if streaming else text)]
         if not streaming and not exclude_input:
-            outputs = [_string("text_output", prompt + text)]
+            outputs = [string_tensor("text_output", prompt + text)]
         if want_reason:
-            outputs.append(_string("finish_reason", generation.finish_reason))
+            outputs.append(string_tensor("finish_reason", generation.finish_reason))
         if perf:
             s = generation.stats
             outputs += [
@@ -155,9 +128,3 @@ class TorchLLMAPIModel:
 
     def finalize(self) -> None:
         self.runner = None
-
-
-def _string(name: str, value: str):
-    import triton_python_backend_utils as pb_utils
-
-    return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))

@@ -1,0 +1,412 @@
+"""trtspec's python models for the engine flavour on the torch backend, behind TensorRT-LLM's names.
+
+`tensorrt_llm` / `tensorrt_llm_draft` take token ids as TensorRT-LLM's backend does (input_ids,
+input_lengths, request_output_len, draft_input_ids, draft_logits, ...) and answer output_ids,
+sequence_length, generation_logits and the perf outputs; `preprocessing` and `postprocessing`
+tokenize with the checkpoint's tokenizer; `tensorrt_llm_bls` runs the documented draft-target loop
+through them with BLS calls. Each repository's 1/model.py is a one-line import of a class here.
+Inputs trtspec does not implement (LoRA, multimodal, guided decoding, beams, stop/bad words) are
+refused with an error response naming them, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtspec.repository.pb import RequestError, scalar, utf8
+
+UNSUPPORTED = (
+    "encoder_input_features",
+    "decoder_input_ids",
+    "embedding_bias",
+    "prompt_embedding_table",
+    "lora_task_id",
+    "lora_weights",
+    "lora_config",
+    "guided_decoding_guide",
+    "cross_attention_mask",
+    "context_phase_params",
+    "stop_words_list",
+    "bad_words_list",
+)
+
+
+def parameters(args: dict[str, str]) -> dict[str, str]:
+    """config.pbtxt parameters; an unfilled `${...}` or empty value counts as unset, as NVIDIA's models read them."""
+    raw = json.loads(args["model_config"]).get("parameters", {})
+    values = {k: v.get("string_value", "") for k, v in raw.items()}
+    return {k: v for k, v in values.items() if v and not v.startswith("${")}
+
+
+def ids(request, name: str) -> list[int] | None:
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None or tensor.as_numpy().size == 0:
+        return None
+    return tensor.as_numpy().reshape(-1).astype(np.int64).tolist()
+
+
+def array(name: str, values, dtype) -> Any:
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils.Tensor(name, np.asarray(values, dtype=dtype))
+
+
+def perf_tensors(arrival: int, scheduled: int, first: int, last: int, drafted: int, accepted: int) -> list:
+    return [
+        array("arrival_time_ns", [[arrival]], np.int64),
+        array("first_scheduled_time_ns", [[scheduled]], np.int64),
+        array("first_token_time_ns", [[first]], np.int64),
+        array("last_token_time_ns", [[last]], np.int64),
+        array("acceptance_rate", [[accepted / drafted if drafted else 0.0]], np.float32),
+        array("total_accepted_draft_tokens", [[accepted]], np.int32),
+        array("total_draft_tokens", [[drafted]], np.int32),
+    ]
+
+
+class _Model:
+    """execute() for models that answer each request with one response or, decoupled, a stream."""
+
+    decoupled = False
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        responses = []
+        for request in requests:
+            sender = request.get_response_sender() if self.decoupled else None
+            try:
+                final = self.answer(request, sender)
+            except RequestError as exc:
+                final = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+            if sender is not None:
+                sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                responses.append(final)
+        return None if self.decoupled else responses
+
+    def answer(self, request, sender):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class TensorRTLLMModel(_Model):
+    """`tensorrt_llm` (target) and `tensorrt_llm_draft`: one engine directory, TensorRT-LLM's tensors."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        from trtspec.speculative.engine_session import CachedModel
+        from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
+        from trtspec.speculative.model import load_transformer
+
+        config = json.loads(args["model_config"])
+        self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+        p = parameters(args)
+        engine = Path(p["gpt_model_path"])
+        device = resolve_device(p.get("trtspec_device", "auto"))
+        max_len = int(p.get("trtspec_max_seq_len", "2048"))
+        model = load_transformer(engine, resolve_dtype(p.get("trtspec_dtype", "auto"), device), device, max_len)
+        slots = 8 if p.get("enable_kv_cache_reuse", "False").lower() == "true" else 1
+        self.engine = CachedModel(model, capacity=max_len, slots=slots)
+        self.runner = None
+        if p.get("trtspec_mode") == "mtp":  # MTP lives in the target: speculation inside this one model
+            k = int(p.get("trtspec_num_draft_tokens", "1"))
+            self.runner = load_runner(engine, "mtp", num_draft_tokens=k, target=model, max_len=max_len)
+        eos = json.loads((engine / "config.json").read_text(encoding="utf-8")).get("eos_token_id")
+        self.end_id = eos[0] if isinstance(eos, list) else eos
+        self.defaults = json.loads(p.get("trtspec_sampling", "{}"))
+        self.exclude_input = p.get("exclude_input_in_output", "False").lower() == "true"
+
+    def _sampling(self, request):
+        from trtspec.speculative.sampling import SamplingParams
+
+        d = self.defaults
+        temperature = float(scalar(request, "temperature", d.get("temperature", 0.0)))
+        top_k = int(scalar(request, "runtime_top_k", d.get("top_k", 0)))
+        top_p = float(scalar(request, "runtime_top_p", d.get("top_p", 1.0)))
+        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise RequestError(f"bad sampling: temperature {temperature}, runtime_top_k {top_k}, runtime_top_p {top_p}")
+        return SamplingParams(temperature, top_k, top_p)
+
+    def answer(self, request, sender):
+        import torch
+        import triton_python_backend_utils as pb_utils
+
+        arrival = time.time_ns()
+        for name in UNSUPPORTED:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None and tensor.as_numpy().size > 0:
+                raise RequestError(f"{name} is not supported by trtspec's torch engine")
+        for name in ("beam_width", "num_return_sequences"):
+            if int(scalar(request, name, 1)) != 1:
+                raise RequestError(f"{name} other than 1 is not supported by trtspec's torch engine")
+        if int(scalar(request, "min_tokens", 0)) > 0:
+            raise RequestError("min_tokens is not supported by trtspec's torch engine")
+        prompt = ids(request, "input_ids")
+        if not prompt:
+            raise RequestError("input_ids is required and must not be empty")
+        prompt = prompt[: int(scalar(request, "input_lengths", len(prompt)))]
+        max_new = int(scalar(request, "request_output_len", 0))
+        if max_new < 1:
+            raise RequestError(f"request_output_len must be >= 1, got {max_new}")
+        drafts = ids(request, "draft_input_ids") or []
+        if len(prompt) + max_new + len(drafts) + 1 > self.engine.capacity:
+            raise RequestError(
+                f"input ({len(prompt)} tokens) + request_output_len ({max_new}) exceed the engine's "
+                f"{self.engine.capacity} positions"
+            )
+        streaming = bool(scalar(request, "streaming", False))
+        if streaming and sender is None:
+            raise RequestError("streaming requires a decoupled model (decoupled_mode True)")
+        end_id = int(scalar(request, "end_id", self.end_id if self.end_id is not None else -1))
+        sampling = self._sampling(request)
+        seed = scalar(request, "seed")
+        generator = torch.Generator().manual_seed(int(seed) if seed is not None else secrets.randbits(63))
+        exclude = bool(scalar(request, "exclude_input_in_output", self.exclude_input))
+        want_logits = bool(scalar(request, "return_generation_logits", False))
+        scheduled = time.time_ns()
+        first = [0]
+
+        def stream(new: list[int]) -> None:
+            first[0] = first[0] or time.time_ns()
+            if streaming and new:
+                sender.send(pb_utils.InferenceResponse(self._tokens(new)))
+
+        logits = None
+        if drafts:
+            q_logits = pb_utils.get_input_tensor_by_name(request, "draft_logits")
+            q = None
+            if q_logits is not None and q_logits.as_numpy().size:
+                q = torch.from_numpy(np.array(q_logits.as_numpy(), dtype=np.float32).reshape(len(drafts), -1))
+            out = self.engine.verify_drafts(prompt, drafts, q, sampling, generator, end_id, max_new)
+            new, drafted, accepted = out.tokens, out.draft_tokens, out.accepted_tokens
+            stream(new)
+        elif self.runner is not None:
+            from trtspec.speculative.runner import GenerationParams
+
+            params = GenerationParams(
+                max_tokens=max_new, sampling=sampling, stop_token_ids=frozenset([end_id]), seed=generator.initial_seed()
+            )
+            g = self.runner.generate(
+                [prompt], params, on_tokens=lambda _row, chunk: stream([t for t in chunk if t != end_id])
+            )[0]
+            new = [t for t in g.tokens if t != end_id]
+            drafted, accepted = g.stats.draft_tokens, g.stats.accepted_tokens
+        else:
+            out = self.engine.decode(
+                prompt, max_new, sampling, generator, end_id, keep_logits=want_logits, on_token=lambda t: stream([t])
+            )
+            new, drafted, accepted, logits = out.tokens, 0, 0, out.logits
+        last = time.time_ns()
+        tokens = [] if streaming else (new if exclude else prompt + new)
+        outputs = self._tokens(tokens)
+        if want_logits:
+            v = self.engine.model.dims.vocab_size
+            values = logits.numpy() if logits is not None else np.zeros((0, v), dtype=np.float32)
+            outputs.append(array("generation_logits", values[None, None], np.float32))
+        outputs += perf_tensors(arrival, scheduled, first[0] or last, last, drafted, accepted)
+        return pb_utils.InferenceResponse(outputs)
+
+    @staticmethod
+    def _tokens(tokens: list[int]) -> list:
+        return [array("output_ids", [[tokens]], np.int32), array("sequence_length", [[len(tokens)]], np.int32)]
+
+    def finalize(self) -> None:
+        self.engine = self.runner = None
+
+
+class PreprocessingModel(_Model):
+    """QUERY -> INPUT_ID with the checkpoint's tokenizer; END_ID/PAD_ID default to the tokenizer's."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        from transformers import AutoTokenizer
+
+        p = parameters(args)
+        self.tokenizer = AutoTokenizer.from_pretrained(p["tokenizer_dir"])
+        self.add_special = p.get("add_special_tokens", "True").lower() == "true"
+
+    def answer(self, request, sender):
+        import triton_python_backend_utils as pb_utils
+
+        query = utf8(request, "QUERY")
+        if not query:
+            raise RequestError("text_input is required and must not be empty")
+        for name in ("BAD_WORDS_DICT", "STOP_WORDS_DICT", "EMBEDDING_BIAS_WORDS", "DECODER_QUERY"):
+            if scalar(request, name) not in (None, b"", ""):
+                raise RequestError(f"{name} is not supported by trtspec's torch engine")
+        if scalar(request, "REQUEST_OUTPUT_LEN") is None:
+            raise RequestError("max_tokens is required")
+        out_len = int(scalar(request, "REQUEST_OUTPUT_LEN"))
+        if out_len < 1:
+            raise RequestError(f"max_tokens must be >= 1, got {out_len}")
+        tok = self.tokenizer
+        tokens = tok(query, add_special_tokens=self.add_special).input_ids
+        end = scalar(request, "END_ID", tok.eos_token_id)
+        pad = scalar(request, "PAD_ID", tok.pad_token_id if tok.pad_token_id is not None else end)
+        empty_words = np.zeros((1, 2, 0), dtype=np.int32)
+        return pb_utils.InferenceResponse(
+            [
+                array("INPUT_ID", [tokens], np.int32),
+                array("REQUEST_INPUT_LEN", [[len(tokens)]], np.int32),
+                array("DECODER_INPUT_ID", [[0]], np.int32),
+                array("REQUEST_DECODER_INPUT_LEN", [[0]], np.int32),
+                pb_utils.Tensor("BAD_WORDS_IDS", empty_words),
+                pb_utils.Tensor("STOP_WORDS_IDS", empty_words),
+                array("EMBEDDING_BIAS", [[]], np.float32),
+                array("REQUEST_OUTPUT_LEN", [[out_len]], np.int32),
+                array("OUT_END_ID", [[end]], np.int32),
+                array("OUT_PAD_ID", [[pad]], np.int32),
+            ]
+        )
+
+
+class PostprocessingModel(_Model):
+    """TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH -> OUTPUT text, special tokens skipped."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        from transformers import AutoTokenizer
+
+        p = parameters(args)
+        self.tokenizer = AutoTokenizer.from_pretrained(p["tokenizer_dir"])
+        self.skip_special = p.get("skip_special_tokens", "True").lower() == "true"
+
+    def answer(self, request, sender):
+        import triton_python_backend_utils as pb_utils
+
+        batch = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+        lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+        texts = [
+            [
+                self.tokenizer.decode(beam[: int(n)].tolist(), skip_special_tokens=self.skip_special).encode("utf-8")
+                for beam, n in zip(row, row_lengths, strict=True)
+            ]
+            for row, row_lengths in zip(batch, lengths, strict=True)
+        ]
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_))])
+
+
+class BLSModel(_Model):
+    """`tensorrt_llm_bls`: preprocessing, then draft K / verify in the target until done, then postprocessing.
+
+    The loop is TensorRT-LLM's documented one (draft asked for K tokens, target given them as
+    draft_input_ids, with draft_logits when use_draft_logits) with two differences that keep it
+    lossless at temperature > 0: each call gets its own seed (a shared seed would correlate the draws
+    of successive steps), and the stop rule is the target's end token, not "draft == target".
+    """
+
+    def initialize(self, args: dict[str, str]) -> None:
+        p = parameters(args)
+        self.target = p.get("tensorrt_llm_model_name", "tensorrt_llm")
+        self.draft = p.get("tensorrt_llm_draft_model_name")
+
+    def _call(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        import triton_python_backend_utils as pb_utils
+
+        request = pb_utils.InferenceRequest(
+            model_name=model,
+            requested_output_names=outputs,
+            inputs=[pb_utils.Tensor(name, value) for name, value in inputs.items()],
+        )
+        response = request.exec()
+        if response.has_error():
+            raise RequestError(f"{model}: {response.error().message()}")
+        return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+
+    def answer(self, request, sender):
+        import triton_python_backend_utils as pb_utils
+
+        arrival = time.time_ns()
+        prompt = utf8(request, "text_input")
+        max_tokens = int(scalar(request, "max_tokens", 0))
+        k = int(scalar(request, "num_draft_tokens", 0))
+        use_logits = bool(scalar(request, "use_draft_logits", False))
+        if bool(scalar(request, "stream", False)):
+            raise RequestError("streaming is not supported by the BLS model; use the ensemble")
+        if k > 0 and not self.draft:
+            raise RequestError("cannot perform speculative decoding without draft model")
+        if k < 0:
+            raise RequestError(f"num_draft_tokens must be >= 0, got {k}")
+        pre_inputs = {
+            "QUERY": np.array([[(prompt or "").encode("utf-8")]], dtype=np.object_),
+            "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], dtype=np.int32),
+        }
+        for client, name in (("end_id", "END_ID"), ("pad_id", "PAD_ID")):
+            if (value := scalar(request, client)) is not None:
+                pre_inputs[name] = np.array([[value]], dtype=np.int32)
+        pre = self._call("preprocessing", pre_inputs, ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_END_ID"])
+        seq = pre["INPUT_ID"][0][: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
+        n_prompt = len(seq)
+        common = {"end_id": pre["OUT_END_ID"].reshape(1, 1).astype(np.int32)}
+        for client, name, dtype in (
+            ("temperature", "temperature", np.float32),
+            ("top_k", "runtime_top_k", np.int32),
+            ("top_p", "runtime_top_p", np.float32),
+        ):
+            if (value := scalar(request, client)) is not None:
+                common[name] = np.array([[value]], dtype=dtype)
+        seed = scalar(request, "seed")
+        base = int(seed) if seed is not None else secrets.randbits(62)
+        scheduled, first, drafted, accepted, step = time.time_ns(), 0, 0, 0, 0
+
+        def call(model: str, tokens: list[int], out_len: int, extra: dict, outputs: list[str]) -> dict:
+            inputs = {
+                "input_ids": np.array([tokens], dtype=np.int32),
+                "input_lengths": np.array([[len(tokens)]], dtype=np.int32),
+                "request_output_len": np.array([[out_len]], dtype=np.int32),
+                "exclude_input_in_output": np.array([[True]]),
+                **common,
+                **extra,
+            }
+            return self._call(model, inputs, ["output_ids", "sequence_length", *outputs])
+
+        while len(seq) - n_prompt < max_tokens:
+            remaining = max_tokens - (len(seq) - n_prompt)
+            n = min(k, remaining - 1)
+            extra: dict[str, np.ndarray] = {"seed": np.array([[(base + 2 * step + 1) % 2**63]], dtype=np.uint64)}
+            if n > 0:
+                d = call(
+                    self.draft,
+                    seq,
+                    n,
+                    {
+                        "seed": np.array([[(base + 2 * step) % 2**63]], dtype=np.uint64),
+                        "return_generation_logits": np.array([[use_logits]]),
+                    },
+                    ["generation_logits"] if use_logits else [],
+                )
+                drafts = d["output_ids"][0][0][: int(d["sequence_length"].reshape(-1)[0])].tolist()
+                if drafts:
+                    extra["draft_input_ids"] = np.array([drafts], dtype=np.int32)
+                    if use_logits:
+                        extra["draft_logits"] = d["generation_logits"][0][0][: len(drafts)][None].astype(np.float32)
+            else:
+                drafts = []
+            out_len = len(drafts) + 1 if n > 0 else remaining
+            t = call(self.target, seq, out_len, extra, ["total_accepted_draft_tokens"])
+            new = t["output_ids"][0][0][: int(t["sequence_length"].reshape(-1)[0])].tolist()
+            m = int(t["total_accepted_draft_tokens"].reshape(-1)[0]) if drafts else 0
+            first = first or time.time_ns()
+            drafted, accepted, step = drafted + len(drafts), accepted + m, step + 1
+            seq += new
+            if len(new) < (m + 1 if n > 0 else out_len):
+                break  # the target stopped at its end token
+        post = self._call(
+            "postprocessing",
+            {
+                "TOKENS_BATCH": np.array([[seq[n_prompt:]]], dtype=np.int32),
+                "SEQUENCE_LENGTH": np.array([[len(seq) - n_prompt]], dtype=np.int32),
+            },
+            ["OUTPUT"],
+        )
+        text = post["OUTPUT"].reshape(-1)[0].decode("utf-8")
+        if not bool(scalar(request, "exclude_input_in_output", False)):
+            text = prompt + text
+        last = time.time_ns()
+        outputs = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))]
+        outputs += perf_tensors(arrival, scheduled, first or last, last, drafted, accepted)
+        return pb_utils.InferenceResponse(outputs)
