@@ -284,7 +284,7 @@ def generate(
 )
 @click.option("--dry-run", is_flag=True, help="Print the steps and commands; build nothing.")
 @click.option("--force", is_flag=True, help="Rebuild every step even if its inputs are unchanged.")
-@click.option("--no-package", is_flag=True, help="Stop after the engines (no model repository).")
+@click.option("--no-package", is_flag=True, help="Stop after the engines: no model repository.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no_package: bool, as_json: bool) -> None:
     """Build engines (compiled, LLM API or torch) into engines/NAME, resumably, with a manifest."""
@@ -299,6 +299,8 @@ def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no
 
         write_script(cfg, emit_script)
         click.echo(f"wrote {emit_script}: run it inside the TensorRT-LLM container it names")
+        if not no_package:  # the container's repository needs no engines here, only their mount paths
+            click.echo(f"wrote {_package(cfg)}")
         return
     if dry_run:
         click.echo("\n".join(describe_plan(cfg)))
@@ -310,24 +312,32 @@ def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no
         "built": result.built,
         "up_to_date": result.skipped,
         "num_draft_tokens": result.num_draft_tokens,
+        "repository": None if no_package else str(_package(cfg)),
     }
     if as_json:
         _print_json(summary)
-    elif not result.built:
+        return
+    if not result.built:
         click.echo(f"nothing to do: {result.engine_dir} is up to date ({', '.join(result.skipped)})")
     else:
         click.echo(f"built {', '.join(result.built)} in {result.engine_dir}")
+    if summary["repository"]:
+        click.echo(f"wrote {summary['repository']}")
+
+
+def _package(cfg):
+    from trtspec.repository.package import package_repository
+
+    return package_repository(cfg)
 
 
 @cli.command()
 @config_argument
 def package(config: Path) -> None:
-    """Write the Triton model repository for a built config into model_repository/NAME."""
+    """Write the Triton model repository for a config into model_repository/NAME (build runs it too)."""
     from trtspec.config import load_config
-    from trtspec.repository.package import package_repository
 
-    path = package_repository(load_config(config))
-    click.echo(f"wrote {path}")
+    click.echo(f"wrote {_package(load_config(config))}")
 
 
 @cli.command()

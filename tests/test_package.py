@@ -1,0 +1,133 @@
+"""`trtspec package` without a server: what each repository holds, checked against the documented
+draft-target setup (shared reference §1.3-§1.8) and TensorRT-LLM's llmapi model.yaml; and that a
+failed write leaves the previous repository whole."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CONFIGS
+
+from trtspec.cli import cli
+from trtspec.config import load_config
+from trtspec.repository import engine, package
+from trtspec.repository.pbtxt import parse
+
+
+def read(repo: Path, model: str):
+    return parse((repo / model / "config.pbtxt").read_text())
+
+
+def params(config) -> dict[str, str]:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def test_engine_repository_for_nvidias_container(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "build.sh"
+    res = runner.invoke(cli, ["build", str(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml"), "--emit-script", str(script)])
+    assert res.exit_code == 0, res.output
+    repo = tmp_path / "model_repository" / "llama-3-3-70b-1b-draft"
+    expected = {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"}
+    assert {p.name for p in repo.iterdir()} == expected
+    for name, role in (("tensorrt_llm", "target"), ("tensorrt_llm_draft", "draft")):
+        config = read(repo, name)
+        p = params(config)
+        assert (
+            config.name == name and config.backend == "tensorrtllm" and config.max_batch_size == 16
+        )  # build.max_batch_size
+        assert config.model_transaction_policy.decoupled is False  # BLS speculation: decoupled_mode False
+        assert p["gpt_model_path"] == f"/trtspec/engines/llama-3-3-70b-1b-draft/{role}"
+        assert p["gpt_model_type"] == "inflight_fused_batching" and p["enable_kv_cache_reuse"] == "True"
+        assert p["kv_cache_free_gpu_mem_fraction"] == "0.5"  # two models on one GPU
+        dtypes = {t.name: t.data_type for t in [*config.input, *config.output]}
+        assert dtypes["draft_logits"] == dtypes["generation_logits"] == engine.mc.TYPE_FP32  # logits_datatype
+        assert not (repo / name / "1" / "model.py").exists()  # the C++ backend: no python code
+    bls = read(repo, "tensorrt_llm_bls")
+    assert params(bls)["tensorrt_llm_draft_model_name"] == "tensorrt_llm_draft"
+    assert {"num_draft_tokens", "use_draft_logits"} <= {t.name for t in bls.input}
+    assert "num_draft_tokens" not in {t.name for t in read(repo, "ensemble").input}
+    for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
+        link = repo / name / "1" / "model.py"
+        assert link.is_symlink()
+        assert os.readlink(link) == f"/app/all_models/inflight_batcher_llm/{name}/1/model.py"
+    assert os.readlink(repo / "tensorrt_llm_bls" / "1" / "lib").endswith("tensorrt_llm_bls/1/lib")
+    # the checkpoint is a hub id: preprocessing loads the tokenizer by that id
+    assert params(read(repo, "preprocessing"))["tokenizer_dir"] == "meta-llama/Llama-3.3-70B-Instruct"
+
+
+def test_ensemble_wiring_is_consistent():
+    p = engine.EngineParams(max_batch_size=4, decoupled=False, engine_dir="/e", tokenizer_dir="/t")
+    ensemble = engine.ensemble_config(p)
+    models = {
+        "preprocessing": engine.preprocessing_config(p),
+        "tensorrt_llm": engine.tensorrt_llm_config("tensorrt_llm", p, "tensorrtllm"),
+        "postprocessing": engine.postprocessing_config(p),
+    }
+    produced = {t.name for t in ensemble.input}
+    for step in ensemble.ensemble_scheduling.step:
+        model = models[step.model_name]
+        inputs, outputs = {t.name for t in model.input}, {t.name for t in model.output}
+        assert set(step.input_map) <= inputs and set(step.input_map.values()) <= produced, step.model_name
+        assert set(step.output_map) <= outputs, step.model_name
+        produced |= set(step.output_map.values())
+        required = {t.name for t in model.input if not t.optional}
+        assert required <= set(step.input_map), (step.model_name, required - set(step.input_map))
+    assert {t.name for t in ensemble.output} <= produced
+
+
+def test_llmapi_repository_for_nvidias_container(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(cli, ["package", str(CONFIGS / "deepseek-r1-mtp-8gpu.yaml")])
+    assert res.exit_code == 0, res.output
+    model = tmp_path / "model_repository" / "deepseek-r1-mtp" / "tensorrt_llm"
+    options = yaml.safe_load((model / "1" / "model.yaml").read_text())
+    assert options["model"] == "deepseek-ai/DeepSeek-R1" and options["backend"] == "pytorch"
+    assert options["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    assert options["triton_config"]["decoupled"] is True and options["tensor_parallel_size"] == 8
+    assert os.readlink(model / "1" / "model.py") == "/app/all_models/llmapi/tensorrt_llm/1/model.py"
+    assert read(model.parent, "tensorrt_llm").backend == "python"
+
+
+@pytest.mark.slow
+def test_torch_engine_repository_names_trtspecs_models(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    data["serve"].update(flavour="engine", streaming=False)
+    config = tmp_path / "pair.yaml"
+    config.write_text(yaml.safe_dump(data))
+    res = runner.invoke(cli, ["build", str(config), "--json"])
+    assert res.exit_code == 0, res.output
+    repo = tmp_path / "model_repository" / "tiny-draft-target"
+    import importlib
+
+    for model in repo.iterdir():
+        code = model / "1" / "model.py"
+        if model.name == "ensemble":
+            assert not code.exists() and read(repo, "ensemble").platform == "ensemble"
+            continue
+        module, cls = code.read_text().split()[1], code.read_text().split()[3]
+        assert hasattr(importlib.import_module(module), cls), code
+    target = params(read(repo, "tensorrt_llm"))
+    assert Path(target["gpt_model_path"]) == (tmp_path / "engines" / "tiny-draft-target" / "target").resolve()
+    assert target["trtspec_mode"] == "none"  # the target verifies drafts the BLS sends; it drafts nothing
+
+
+def test_a_failed_write_keeps_the_previous_repository(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml")
+    first = package.package_repository(cfg)
+    before = (first / "tensorrt_llm" / "1" / "model.yaml").read_text()
+
+    def broken(cfg, out):
+        (out / "half-written").mkdir()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(package.WRITERS, ("pytorch", "llmapi"), broken)
+    with pytest.raises(Exception, match="No space left on device"):
+        package.package_repository(cfg)
+    assert (first / "tensorrt_llm" / "1" / "model.yaml").read_text() == before
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no staging directory left
