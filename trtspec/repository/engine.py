@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtspec.repository.pbtxt import Tensor, ensemble_step, model_config
+from trtspec.repository.pbtxt import PERF_OUTPUTS, Tensor, ensemble_step, model_config
 
 LOGITS = "FP32"  # logits_datatype: TYPE_FP32 in every documented draft-target setup
 
@@ -90,16 +90,6 @@ TRTLLM_INPUTS = [
     _rb("guided_decoding_guide_type", "STRING", (1,)),
     _rb("guided_decoding_guide", "STRING", (1,)),
     *(_rb(f"lookahead_{part}", "INT32", (1,)) for part in ("window_size", "ngram_size", "verification_set_size")),
-]
-
-PERF_OUTPUTS = [
-    Tensor("arrival_time_ns", "INT64", (1,)),
-    Tensor("first_scheduled_time_ns", "INT64", (1,)),
-    Tensor("first_token_time_ns", "INT64", (1,)),
-    Tensor("last_token_time_ns", "INT64", (1,)),
-    Tensor("acceptance_rate", "FP32", (1,)),
-    Tensor("total_accepted_draft_tokens", "INT32", (1,)),
-    Tensor("total_draft_tokens", "INT32", (1,)),
 ]
 
 TRTLLM_OUTPUTS = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtspec.repository.pbtxt import Tensor, model_config
+from trtspec.repository.pbtxt import PERF_OUTPUTS, Tensor, model_config
 
 MODEL = "tensorrt_llm"
 
@@ -49,13 +49,7 @@ OUTPUTS = [
     Tensor("kv_cache_alloc_new_blocks", "INT32", (1,)),
     Tensor("kv_cache_alloc_total_blocks", "INT32", (1,)),
     Tensor("kv_cache_hit_rate", "FP32", (1,)),
-    Tensor("arrival_time_ns", "INT64", (1,)),
-    Tensor("first_scheduled_time_ns", "INT64", (1,)),
-    Tensor("first_token_time_ns", "INT64", (1,)),
-    Tensor("last_token_time_ns", "INT64", (1,)),
-    Tensor("acceptance_rate", "FP32", (1,)),
-    Tensor("total_accepted_draft_tokens", "INT32", (1,)),
-    Tensor("total_draft_tokens", "INT32", (1,)),
+    *PERF_OUTPUTS,
 ]
 
 

@@ -15,6 +15,31 @@ class RequestError(ValueError):
     """A bad request: answered with an error response, never raised out of execute()."""
 
 
+class PythonModel:
+    """execute() for models that answer each request with one response or, decoupled, a stream."""
+
+    decoupled = False
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        responses = []
+        for request in requests:
+            sender = request.get_response_sender() if self.decoupled else None
+            try:
+                final = self.answer(request, sender)
+            except RequestError as exc:
+                final = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+            if sender is not None:
+                sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                responses.append(final)
+        return None if self.decoupled else responses
+
+    def answer(self, request, sender):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
 def scalar(request, name: str, default: Any = None) -> Any:
     import triton_python_backend_utils as pb_utils
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.repository.pb import RequestError, scalar, utf8
+from trtspec.repository.pb import PythonModel, RequestError, scalar, utf8
 
 UNSUPPORTED = (
     "encoder_input_features",
@@ -71,32 +71,7 @@ def perf_tensors(arrival: int, scheduled: int, first: int, last: int, drafted: i
     ]
 
 
-class _Model:
-    """execute() for models that answer each request with one response or, decoupled, a stream."""
-
-    decoupled = False
-
-    def execute(self, requests):
-        import triton_python_backend_utils as pb_utils
-
-        responses = []
-        for request in requests:
-            sender = request.get_response_sender() if self.decoupled else None
-            try:
-                final = self.answer(request, sender)
-            except RequestError as exc:
-                final = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-            if sender is not None:
-                sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            else:
-                responses.append(final)
-        return None if self.decoupled else responses
-
-    def answer(self, request, sender):  # pragma: no cover - overridden
-        raise NotImplementedError
-
-
-class TensorRTLLMModel(_Model):
+class TensorRTLLMModel(PythonModel):
     """`tensorrt_llm` (target) and `tensorrt_llm_draft`: one engine directory, TensorRT-LLM's tensors."""
 
     def initialize(self, args: dict[str, str]) -> None:
@@ -220,7 +195,7 @@ class TensorRTLLMModel(_Model):
         self.engine = self.runner = None
 
 
-class PreprocessingModel(_Model):
+class PreprocessingModel(PythonModel):
     """QUERY -> INPUT_ID with the checkpoint's tokenizer; END_ID/PAD_ID default to the tokenizer's."""
 
     def initialize(self, args: dict[str, str]) -> None:
@@ -265,7 +240,7 @@ class PreprocessingModel(_Model):
         )
 
 
-class PostprocessingModel(_Model):
+class PostprocessingModel(PythonModel):
     """TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH -> OUTPUT text, special tokens skipped."""
 
     def initialize(self, args: dict[str, str]) -> None:
@@ -290,7 +265,7 @@ class PostprocessingModel(_Model):
         return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_))])
 
 
-class BLSModel(_Model):
+class BLSModel(PythonModel):
     """`tensorrt_llm_bls`: preprocessing, then draft K / verify in the target until done, then postprocessing.
 
     The loop is TensorRT-LLM's documented one (draft asked for K tokens, target given them as

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from trtspec.repository.pb import RequestError, scalar, string_tensor, utf8
+from trtspec.repository.pb import PythonModel, RequestError, scalar, string_tensor, utf8
 
 
-class TorchLLMAPIModel:
+class TorchLLMAPIModel(PythonModel):
     def initialize(self, args: dict[str, str]) -> None:
         from transformers import AutoTokenizer
 
@@ -30,22 +30,6 @@ class TorchLLMAPIModel:
         self.runner, self.defaults = runner_from_model_yaml(self.options)
         self.tokenizer = AutoTokenizer.from_pretrained(self.options["model"])
         self.max_seq_len = int(self.options.get("max_seq_len") or self.runner.max_len)
-
-    def execute(self, requests):
-        import triton_python_backend_utils as pb_utils
-
-        responses = []
-        for request in requests:
-            sender = request.get_response_sender() if self.decoupled else None
-            try:
-                final = self._generate(request, sender)
-            except RequestError as exc:
-                final = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-            if sender is not None:
-                sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            else:
-                responses.append(final)
-        return None if self.decoupled else responses
 
     def _params(self, request):
         from trtspec.speculative.runner import GenerationParams
@@ -69,7 +53,7 @@ class TorchLLMAPIModel:
             seed=None if seed is None else int(seed),
         )
 
-    def _generate(self, request, sender):
+    def answer(self, request, sender):
         import triton_python_backend_utils as pb_utils
 
         arrival = time.time_ns()
