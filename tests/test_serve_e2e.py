@@ -151,25 +151,13 @@ def in_process_text(served: Served) -> str:
 def grpc_stream(served: Served, prompt: str, max_tokens: int) -> list[str]:
     import tritonclient.grpc as grpcclient
 
-    def tensor(name, value):
-        if isinstance(value, str):
-            t = grpcclient.InferInput(name, [1, 1], "BYTES")
-            return t.set_data_from_numpy(np.array([[value.encode()]], dtype=np.object_))
-        dtype = {bool: "BOOL", int: "INT32"}[type(value)]
-        t = grpcclient.InferInput(name, [1, 1], dtype)
-        return t.set_data_from_numpy(np.array([[value]], dtype=bool if dtype == "BOOL" else np.int32))
-
-    body = served.body(prompt, max_tokens, stream=served.decoupled)
-    if served.flavour == "llmapi":  # the llmapi model has no batch dimension: one element per tensor
-        inputs = []
-        for name, value in body.items():
-            dtype = {str: "BYTES", bool: "BOOL", int: "INT32"}[type(value)]
-            t = grpcclient.InferInput(name, [1], dtype)
-            np_value = value.encode() if isinstance(value, str) else value
-            np_dtype = {"BYTES": np.object_, "BOOL": bool, "INT32": np.int32}[dtype]
-            inputs.append(t.set_data_from_numpy(np.array([np_value], dtype=np_dtype)))
-    else:
-        inputs = [tensor(name, value) for name, value in body.items()]
+    # the llmapi model has no batch dimension (one element per tensor); the engine models have one
+    shape = [1] if served.flavour == "llmapi" else [1, 1]
+    inputs = []
+    for name, value in served.body(prompt, max_tokens, stream=served.decoupled).items():
+        dtype, np_dtype = {str: ("BYTES", np.object_), bool: ("BOOL", bool), int: ("INT32", np.int32)}[type(value)]
+        data = np.array(value.encode() if isinstance(value, str) else value, dtype=np_dtype).reshape(shape)
+        inputs.append(grpcclient.InferInput(name, shape, dtype).set_data_from_numpy(data))
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(served.grpc)
     client.start_stream(callback=lambda result, error: results.put((result, error)))

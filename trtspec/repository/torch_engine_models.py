@@ -195,15 +195,23 @@ class TensorRTLLMModel(PythonModel):
         self.engine = self.runner = None
 
 
-class PreprocessingModel(PythonModel):
-    """QUERY -> INPUT_ID with the checkpoint's tokenizer; END_ID/PAD_ID default to the tokenizer's."""
+class _TokenizerModel(PythonModel):
+    """A model whose only state is the checkpoint's tokenizer and one special-tokens flag."""
+
+    flag = ""  # the config.pbtxt parameter the flag is read from (default True)
 
     def initialize(self, args: dict[str, str]) -> None:
         from transformers import AutoTokenizer
 
         p = parameters(args)
         self.tokenizer = AutoTokenizer.from_pretrained(p["tokenizer_dir"])
-        self.add_special = p.get("add_special_tokens", "True").lower() == "true"
+        self.special = p.get(self.flag, "True").lower() == "true"
+
+
+class PreprocessingModel(_TokenizerModel):
+    """QUERY -> INPUT_ID with the checkpoint's tokenizer; END_ID/PAD_ID default to the tokenizer's."""
+
+    flag = "add_special_tokens"
 
     def answer(self, request, sender):
         import triton_python_backend_utils as pb_utils
@@ -220,7 +228,7 @@ class PreprocessingModel(PythonModel):
         if out_len < 1:
             raise RequestError(f"max_tokens must be >= 1, got {out_len}")
         tok = self.tokenizer
-        tokens = tok(query, add_special_tokens=self.add_special).input_ids
+        tokens = tok(query, add_special_tokens=self.special).input_ids
         end = scalar(request, "END_ID", tok.eos_token_id)
         pad = scalar(request, "PAD_ID", tok.pad_token_id if tok.pad_token_id is not None else end)
         empty_words = np.zeros((1, 2, 0), dtype=np.int32)
@@ -240,15 +248,10 @@ class PreprocessingModel(PythonModel):
         )
 
 
-class PostprocessingModel(PythonModel):
+class PostprocessingModel(_TokenizerModel):
     """TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH -> OUTPUT text, special tokens skipped."""
 
-    def initialize(self, args: dict[str, str]) -> None:
-        from transformers import AutoTokenizer
-
-        p = parameters(args)
-        self.tokenizer = AutoTokenizer.from_pretrained(p["tokenizer_dir"])
-        self.skip_special = p.get("skip_special_tokens", "True").lower() == "true"
+    flag = "skip_special_tokens"
 
     def answer(self, request, sender):
         import triton_python_backend_utils as pb_utils
@@ -257,7 +260,7 @@ class PostprocessingModel(PythonModel):
         lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
         texts = [
             [
-                self.tokenizer.decode(beam[: int(n)].tolist(), skip_special_tokens=self.skip_special).encode("utf-8")
+                self.tokenizer.decode(beam[: int(n)].tolist(), skip_special_tokens=self.special).encode("utf-8")
                 for beam, n in zip(row, row_lengths, strict=True)
             ]
             for row, row_lengths in zip(batch, lengths, strict=True)
