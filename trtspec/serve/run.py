@@ -37,13 +37,14 @@ def serve_forever(
     log = repository.parent / f"{repository.name}.tritonserver.log"
     server = start_server(repository, chosen, log)
     wait_ready(server, timeout)
+    if detach:  # before any output: a closed stdout must not leave a server that --stop cannot find
+        state = {"pid": server.process.pid, "workdir": str(server.workdir or ""), "log": str(log)}
+        atomic_write_text(repository / STATE, json.dumps(state))
     echo(f"tritonserver ready on {repository} (pid {server.process.pid}, log {log})")
     echo(f"  HTTP    http://localhost:{chosen.http}/v2/models/<model>/generate (and generate_stream)")
     echo(f"  gRPC    localhost:{chosen.grpc}")
     echo(f"  metrics http://localhost:{chosen.metrics}/metrics")
     if detach:
-        state = {"pid": server.process.pid, "workdir": str(server.workdir or ""), "log": str(log)}
-        atomic_write_text(repository / STATE, json.dumps(state))
         return
     stopping = []
 
