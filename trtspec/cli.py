@@ -367,6 +367,61 @@ def serve(
 
 
 @cli.command()
+@click.argument("target")
+@click.option("--compare", "baseline", help="A second target (the baseline) run on the same prompts and schedule.")
+@click.option(
+    "--protocol",
+    type=click.Choice(["triton-grpc", "triton-http"]),
+    default="triton-grpc",
+    help="How to reach a config's server (URL targets name their own).",
+)
+@click.option("--host", default="localhost", help="Host of a config's server.")
+@click.option("--concurrency", help="Closed-loop levels, e.g. 1,2,4 (default 1).")
+@click.option("--rate", help="Open-loop request rates per second, e.g. 1,2,4 (inf: all at once).")
+@click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), default="poisson")
+@click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0, help="Gamma shape.")
+@click.option("--max-concurrency", type=click.IntRange(1), help="Cap on in-flight requests at a --rate level.")
+@click.option("--num-requests", type=click.IntRange(1), help="Requests per level (default 32 unless --duration).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds per level instead.")
+@click.option("--warmup", type=click.IntRange(0), default=2, help="Requests per target before measuring.")
+@click.option("--dataset", default="synthetic", help="synthetic, or a JSONL (Spec-Bench or prompt rows) / text file.")
+@click.option("--per-category", type=click.IntRange(1), help="Prompts kept per category of a JSONL dataset.")
+@click.option("--input-len", type=click.IntRange(1), default=128, help="Synthetic input tokens (mean).")
+@click.option("--input-std", type=click.FloatRange(0), default=0.0)
+@click.option("--output-len", type=click.IntRange(1), default=64, help="Output tokens (mean) for synthetic prompts.")
+@click.option("--output-std", type=click.FloatRange(0), default=0.0)
+@click.option(
+    "--corpus", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Text for synthetic prompts."
+)
+@click.option("--max-tokens", type=click.IntRange(1), default=64, help="Output tokens for file prompts.")
+@click.option("--fixed-length/--natural-length", default=True, help="Ask for exactly the output length (min_tokens).")
+@click.option("--temperature", type=click.FloatRange(0), default=0.0)
+@click.option("--seed", type=int, default=0)
+@click.option("--tokenizer", help="Tokenizer to count tokens with (default: a config's target checkpoint).")
+@click.option("--extra", multiple=True, help="name=value input sent with every request to the target.")
+@click.option("--compare-extra", multiple=True, help="name=value input sent with every request to the baseline.")
+@click.option("--slo", help="Per-request limits in ms, e.g. ttft=200,tpot=50,e2e=2000 (goodput).")
+@click.option("--slo-attainment", type=click.FloatRange(0, 1), default=0.95, help="Fraction that must meet --slo.")
+@click.option("--fail-on-slo", is_flag=True, help="Exit 1 when a level misses --slo-attainment.")
+@click.option("--verify-lossless", is_flag=True, help="Check the target against --compare: greedy + chi-square.")
+@click.option("--lossless-samples", type=click.IntRange(20), default=200, help="Samples per side per prompt.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, help="Per request, seconds.")
+@click.option(
+    "--grace", type=click.FloatRange(0), default=30.0, help="Seconds in-flight requests get after --duration."
+)
+@click.option("--workers", default="1", help="Client processes, or auto (one per spare core, at most 4).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Results directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of tables.")
+def bench(target: str, baseline: str | None, protocol: str, host: str, **o: Any) -> None:
+    """Load-test a served deployment from the client side, optionally A/B against a baseline."""
+    from trtspec.bench.cli_run import bench_command
+
+    code = bench_command(target, baseline, protocol, host, o, console)
+    if code:
+        sys.exit(code)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(as_json: bool) -> None:
     """Report what this machine can build and serve, and why not."""

@@ -1,0 +1,1 @@
+"""`trtspec bench`: client-side load tests of a served deployment (Triton gRPC/HTTP, OpenAI)."""

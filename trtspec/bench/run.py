@@ -1,0 +1,233 @@
+"""A whole bench: warm-up, every load level for each target on identical schedules, the optional
+lossless check, and the results directory, rewritten after every level so a killed run keeps
+what it measured (requests.jsonl is flushed per request on top of that)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.bench.datasets import BenchPrompt
+from trtspec.bench.load import ClientStats, Item, WorkerPlan, run_workers
+from trtspec.bench.lossless import verdict
+from trtspec.bench.metrics import SLO, summarize
+from trtspec.bench.records import RecordWriter, RequestRecord
+from trtspec.bench.report import write_reports
+from trtspec.bench.schedule import Load, arrival_times
+from trtspec.bench.selfcheck import client_check
+from trtspec.errors import TrtspecError
+from trtspec.fsutil import atomic_write_text
+
+PAYS_MARGIN = 1.0  # speculation pays at a level when the baseline's mean latency / its own exceeds this
+
+
+@dataclass
+class BenchOptions:
+    targets: dict[str, str]  # label -> PROTOCOL://HOST:PORT/MODEL; "A" is measured, "B" the baseline
+    levels: list[Load]
+    prompts: list[BenchPrompt]
+    out_dir: Path
+    num_requests: int | None = 32
+    duration_s: float | None = None
+    warmup: int = 2
+    max_tokens: int = 64
+    fixed_length: bool = False
+    temperature: float = 0.0
+    seed: int | None = 0
+    timeout_s: float = 300.0
+    grace_s: float = 30.0
+    tokenizer: str | None = None
+    extra: dict[str, dict] = field(default_factory=dict)  # per target label
+    workers: int = 1
+    slo: SLO | None = None
+    slo_attainment: float = 0.95
+    lossless: bool = False
+    lossless_samples: int = 200
+    lossless_tokens: int = 3
+    lossless_temperature: float = 1.0
+    lossless_prompts: int = 2
+
+
+Progress = Callable[[str, RequestRecord | None], None]
+
+
+def _items(opts: BenchOptions, load: Load) -> list[Item]:
+    count = opts.num_requests
+    if count is None:  # bounded by duration: enough items to outlast it at the offered rate
+        count = 100_000 if load.rate is None or math.isinf(load.rate) else int(load.rate * opts.duration_s * 2) + 16
+    times = arrival_times(count, load, seed=opts.seed or 0)
+    n = len(opts.prompts)
+    return [Item(i, i % n, opts.prompts[i % n], float(times[i])) for i in range(count)]
+
+
+def _plan(opts: BenchOptions, label: str, load: Load, phase: str, items: list[Item], **over) -> WorkerPlan:
+    base = dict(
+        target=opts.targets[label], target_label=label, load=load, phase=phase, items=items,
+        in_flight_cap=load.in_flight_cap, max_tokens=opts.max_tokens, fixed_length=opts.fixed_length,
+        temperature=opts.temperature, seed=opts.seed, timeout_s=opts.timeout_s, duration_s=opts.duration_s,
+        grace_s=opts.grace_s, tokenizer=opts.tokenizer, extra=opts.extra.get(label, {}),
+    )  # fmt: skip
+    base.update(over)
+    return WorkerPlan(**base)
+
+
+def compare_levels(levels: list[dict]) -> list[dict]:
+    """Speedup of A over B per level, from numbers measured in the same run on the same schedule."""
+    rows = []
+    for level in levels:
+        a, b = level["targets"].get("A"), level["targets"].get("B")
+        if not a or not b or not a.get("e2e_ms") or not b.get("e2e_ms"):
+            continue
+        row = {"level": level["level"]}
+        row["latency_speedup"] = b["e2e_ms"]["mean"] / a["e2e_ms"]["mean"]
+        if a.get("tpot_ms") and b.get("tpot_ms"):
+            row["tpot_speedup"] = b["tpot_ms"]["mean"] / a["tpot_ms"]["mean"]
+        row["throughput_ratio"] = a["output_token_throughput"] / b["output_token_throughput"]
+        row["pays"] = row["latency_speedup"] > PAYS_MARGIN
+        rows.append(row)
+    first_loss = next((r["level"] for r in rows if not r["pays"]), None)
+    for r in rows:
+        r["stops_paying_here"] = r["level"] == first_loss
+    return rows
+
+
+def _by_category(records: list[RequestRecord]) -> dict[str, dict]:
+    out = {}
+    for category in sorted({r.category or "all" for r in records}):
+        sub = [r for r in records if (r.category or "all") == category]
+        s = summarize(sub)
+        out[category] = {k: s.get(k) for k in ("completed", "tpot_ms", "acceptance")}
+    return out
+
+
+def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[RequestRecord], None]) -> dict:
+    """Greedy equality on every prompt, then sampled first tokens compared with chi-square."""
+    greedy: dict[str, dict[int, str]] = {}
+    sampled: dict[str, dict[int, list[str]]] = {}
+    prompts = opts.prompts
+    chosen = list(range(min(opts.lossless_prompts, len(prompts))))
+    for side, label in enumerate(("A", "B")):
+        load = Load(concurrency=2)
+        items = [Item(i, i, p, 0.0) for i, p in enumerate(prompts)]
+        collected: list[RequestRecord] = []
+
+        def keep(r: RequestRecord, out=collected) -> None:
+            out.append(r)
+            sink(r)
+            progress("lossless", r)
+
+        run_workers(_plan(opts, label, load, "lossless-greedy", items, temperature=0.0, duration_s=None), 1, keep)
+        greedy[label] = {r.prompt_index: r.text if r.ok else f"<error: {r.error}>" for r in collected}
+        collected.clear()
+        items = [
+            Item(j * opts.lossless_samples + s, j, prompts[j], 0.0)
+            for j in chosen
+            for s in range(opts.lossless_samples)
+        ]
+        plan = _plan(
+            opts, label, Load(concurrency=4), "lossless-sampled", items, temperature=opts.lossless_temperature,
+            max_tokens=opts.lossless_tokens, fixed_length=False, duration_s=None, seed=1_000_003 * (side + 1),
+        )  # fmt: skip
+        run_workers(plan, 1, keep)
+        sampled[label] = {j: [r.text for r in collected if r.prompt_index == j and r.ok] for j in chosen}
+    pairs = [(greedy["A"].get(i, "<missing>"), greedy["B"].get(i, "<missing>")) for i in range(len(prompts))]
+    result = verdict(pairs, [(sampled["A"][j], sampled["B"][j]) for j in chosen])
+    result["temperature"] = opts.lossless_temperature
+    result["first_tokens"] = opts.lossless_tokens
+    return result
+
+
+def run_bench(opts: BenchOptions, progress: Progress) -> dict:
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    (opts.out_dir / "requests.jsonl").unlink(missing_ok=True)
+    writer = RecordWriter(opts.out_dir / "requests.jsonl")
+    summary: dict = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "targets": opts.targets,
+        "options": {
+            "num_requests": opts.num_requests,
+            "duration_s": opts.duration_s,
+            "warmup": opts.warmup,
+            "max_tokens": opts.max_tokens,
+            "fixed_length": opts.fixed_length,
+            "temperature": opts.temperature,
+            "workers": opts.workers,
+            "prompts": len(opts.prompts),
+            "slo_attainment": opts.slo_attainment,
+        },
+        "levels": [],
+        "complete": False,
+    }
+    records: list[RequestRecord] = []
+
+    def sink(r: RequestRecord) -> None:
+        writer.write(r)
+        records.append(r)
+
+    def flush() -> None:
+        write_reports(opts.out_dir, summary, records)
+
+    try:
+        for label in opts.targets:
+            if opts.warmup:
+                items = [Item(-1 - i, i % len(opts.prompts), opts.prompts[i % len(opts.prompts)], 0.0)
+                         for i in range(opts.warmup)]  # fmt: skip
+                plan = _plan(opts, label, Load(concurrency=1), "warmup", items, duration_s=None)
+                warm: list[RequestRecord] = []
+                run_workers(plan, 1, lambda r, w=warm: (sink(r), w.append(r), progress("warmup", r)))
+                if not any(r.ok for r in warm):  # nothing works: a wrong target or input, not a load effect
+                    raise TrtspecError(f"{opts.targets[label]}: every warm-up request failed: {warm[0].error}")
+        for load in opts.levels:
+            level = {"level": load.label, "load": load.__dict__, "targets": {}, "client": {}}
+            items = _items(opts, load)
+            for label in opts.targets:
+                start = len(records)
+
+                def report(r: RequestRecord, name: str = load.label) -> None:
+                    sink(r)
+                    progress(name, r)
+
+                stats: ClientStats = run_workers(_plan(opts, label, load, "measure", items), opts.workers, report)
+                mine = [r for r in records[start:] if r.phase == "measure"]
+                level["targets"][label] = summarize(mine, opts.slo)
+                level["targets"][label]["by_category"] = _by_category([r for r in mine if r.ok])
+                level["targets"][label]["min_tokens_sent"] = opts.fixed_length and stats.min_tokens_supported
+                level["client"][label] = client_check(stats, opts.workers)
+                if stats.aborted:
+                    level["aborted"] = stats.aborted
+            summary["levels"].append(level)
+            summary["comparison"] = compare_levels(summary["levels"])
+            flush()
+            if level.get("aborted"):
+                break
+        if opts.lossless and "B" in opts.targets and not any(lv.get("aborted") for lv in summary["levels"]):
+            summary["lossless"] = run_lossless(opts, progress, sink)
+        summary["complete"] = not any(lv.get("aborted") for lv in summary["levels"])
+    finally:
+        writer.close()
+        summary["slo_failed"] = slo_failures(summary, opts)
+        flush()
+    return summary
+
+
+def slo_failures(summary: dict, opts: BenchOptions) -> list[str]:
+    """Levels and targets whose SLO attainment fell short of --slo-attainment (for --fail-on-slo)."""
+    out = []
+    for level in summary["levels"]:
+        for label, s in level["targets"].items():
+            slo = s.get("slo")
+            if slo is not None and slo["attainment"] < opts.slo_attainment:
+                out.append(f"{level['level']} {label}: {slo['attainment']:.0%} of requests met the SLO")
+    return out
+
+
+def load_summary(out_dir: Path) -> dict:
+    return json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
+
+
+def save_json(path: Path, data: dict) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, default=str))

@@ -1,0 +1,76 @@
+"""The short tables a bench prints: one row per level and target, the A/B speedups, the verdicts."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _f(value, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def print_summary(summary: dict, console: Console, out_dir) -> None:
+    for label, url in summary["targets"].items():
+        console.print(f"{label}: {url}")
+    table = Table(title="trtspec bench")
+    cols = ("level", "target", "ok/fail", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT mean", "ITL p99",
+            "e2e mean", "e2e p99", "tok/chunk", "acceptance")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("level", "target") else "right")
+    for level in summary["levels"]:
+        for label, s in level["targets"].items():
+            acc = s.get("acceptance") or {}
+            if acc.get("acceptance_rate") is not None:
+                accept = f"{acc['acceptance_rate']:.2f} ({acc['accepted_tokens_per_step'] or 0:.2f}/step)"
+            elif acc.get("accepted_tokens_per_step") is not None:
+                accept = f"~{acc['accepted_tokens_per_step']:.2f}/chunk (est.)"
+            elif acc.get("draft_tokens") == 0:
+                accept = "no drafts"
+            else:
+                accept = "-"
+            ms = {m: s.get(m) or {} for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "tokens_per_chunk")}
+            table.add_row(
+                level["level"], label, f"{s['completed']}/{s['failed']}",
+                _f(s.get("request_throughput"), "{:.2f}"), _f(s.get("output_token_throughput")),
+                _f(ms["ttft_ms"].get("p50")), _f(ms["ttft_ms"].get("p99")), _f(ms["tpot_ms"].get("mean"), "{:.2f}"),
+                _f(ms["itl_ms"].get("p99")), _f(ms["e2e_ms"].get("mean")), _f(ms["e2e_ms"].get("p99")),
+                _f(ms["tokens_per_chunk"].get("mean"), "{:.2f}"), accept,
+            )  # fmt: skip
+    console.print(table)
+    console.print("latencies in ms, measured from each request's scheduled send time")
+    if summary.get("comparison"):
+        ab = Table(title="A/B: A's speedup over B at each level (same prompts, same schedule)")
+        for col in ("level", "latency", "TPOT", "throughput", "pays?"):
+            ab.add_column(col)
+        for row in summary["comparison"]:
+            mark = "yes" if row["pays"] else ("NO: stops paying here" if row["stops_paying_here"] else "no")
+            ab.add_row(
+                row["level"], f"{row['latency_speedup']:.2f}x", _f(row.get("tpot_speedup"), "{:.2f}x"),
+                f"{row['throughput_ratio']:.2f}x", mark,
+            )  # fmt: skip
+        console.print(ab)
+    lossless = summary.get("lossless")
+    if lossless:
+        g, s = lossless["greedy"], lossless["sampled"]
+        p = ", ".join(f"{v:.3f}" for v in s["p_values"])
+        console.print(
+            f"lossless check: {'PASS' if lossless['pass'] else 'FAIL'}: temperature 0 identical on "
+            f"{g['identical']}/{g['prompts']} prompts; temperature {lossless['temperature']:g}, first "
+            f"{lossless['first_tokens']} tokens x {s['samples_per_side']} samples per side: chi-square p = [{p}] "
+            f"(fail below {s['bonferroni_bound']:.4f})"
+        )
+    for level in summary["levels"]:
+        for label, check in level.get("client", {}).items():
+            if not check["ok"]:
+                console.print(f"[yellow]client {level['level']} {label}: {check['verdict']}[/yellow]")
+        short = sum(s.get("short_outputs", 0) for s in level["targets"].values())
+        if short:
+            console.print(f"[yellow]{level['level']}: {short} outputs stopped short of the requested length[/yellow]")
+        if level.get("aborted"):
+            console.print(f"[red]{level['level']}: stopped: {level['aborted']}[/red]")
+    checks = [c for lv in summary["levels"] for c in lv.get("client", {}).values()]
+    if checks and all(c["ok"] for c in checks):
+        worst = max(c["dispatch_lag_ms"]["p99"] for c in checks)
+        console.print(f"client self-check: ok (p99 dispatch lag {worst:.2f} ms)")
+    console.print(f"results: {out_dir}/ (requests.jsonl, summary.json, summary.csv, report.html)")
