@@ -422,6 +422,19 @@ def bench(target: str, baseline: str | None, protocol: str, host: str, **o: Any)
 
 
 @cli.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("trtspec-demo"))
+@click.option("--requests", type=click.IntRange(2), default=8, help="Requests per load level and target.")
+@click.option("--lossless-samples", type=click.IntRange(20), default=150, help="Samples per side per prompt.")
+def demo(out: Path, requests: int, lossless_samples: int) -> None:
+    """Build, serve and A/B-bench the embedded pair (baseline, draft-target, MTP) with the lossless check."""
+    from trtspec.demo import run_demo
+
+    code = run_demo(out, Console(width=max(console.width, 150)), requests, lossless_samples)
+    if code:
+        sys.exit(code)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(as_json: bool) -> None:
     """Report what this machine can build and serve, and why not."""

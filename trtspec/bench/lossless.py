@@ -13,9 +13,16 @@ from collections import Counter
 
 import torch
 
+MIN_SAMPLES = 20
 
-def chi_square_homogeneity(a: list[str], b: list[str], min_expected: float = 5.0) -> tuple[float, int, float]:
-    """(statistic, degrees of freedom, p-value) for H0: the samples come from one distribution."""
+
+def chi_square_homogeneity(a: list[str], b: list[str], min_expected: float = 5.0) -> tuple[float, int, float | None]:
+    """(statistic, degrees of freedom, p-value) for H0: the samples come from one distribution.
+
+    p is None when the test cannot decide: too few samples, or no outcome frequent enough to compare
+    (everything pooled), which would otherwise read as a perfect pass."""
+    if min(len(a), len(b)) < MIN_SAMPLES:
+        return 0.0, 0, None
     ca, cb = Counter(a), Counter(b)
     na, nb = len(a), len(b)
     total = na + nb
@@ -26,10 +33,12 @@ def chi_square_homogeneity(a: list[str], b: list[str], min_expected: float = 5.0
             kept.append((ca[key], cb[key]))
         else:
             other_a, other_b = other_a + ca[key], other_b + cb[key]
+    if not kept:
+        return 0.0, 0, None
     if other_a + other_b:
         kept.append((other_a, other_b))
     if len(kept) < 2:
-        return 0.0, 0, 1.0
+        return 0.0, 0, 1.0  # one outcome on both sides: the same (degenerate) distribution
     stat = 0.0
     for oa, ob in kept:
         pooled = oa + ob
@@ -49,7 +58,7 @@ def verdict(
     tests = [chi_square_homogeneity(a, b) for a, b in sampled]
     p_values = [p for _, _, p in tests]
     bound = alpha / max(len(tests), 1)
-    sampled_ok = all(p >= bound for p in p_values)
+    sampled_ok = all(p is not None and p >= bound for p in p_values)
     return {
         "greedy": {
             "prompts": len(greedy_pairs),
@@ -65,5 +74,6 @@ def verdict(
             "alpha": alpha,
             "bonferroni_bound": bound,
         },
+        "inconclusive": [i for i, p in enumerate(p_values) if p is None],
         "pass": not mismatched and sampled_ok,
     }

@@ -8,7 +8,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trtspec.bench.datasets import BenchPrompt
@@ -123,8 +123,8 @@ def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[Request
         run_workers(_plan(opts, label, load, "lossless-greedy", items, temperature=0.0, duration_s=None), 1, keep)
         greedy[label] = {r.prompt_index: r.text if r.ok else f"<error: {r.error}>" for r in collected}
         collected.clear()
-        items = [
-            Item(j * opts.lossless_samples + s, j, prompts[j], 0.0)
+        items = [  # the check's own length, not the dataset's
+            Item(j * opts.lossless_samples + s, j, replace(prompts[j], output_tokens=None), 0.0)
             for j in chosen
             for s in range(opts.lossless_samples)
         ]

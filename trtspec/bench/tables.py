@@ -53,7 +53,7 @@ def print_summary(summary: dict, console: Console, out_dir) -> None:
     lossless = summary.get("lossless")
     if lossless:
         g, s = lossless["greedy"], lossless["sampled"]
-        p = ", ".join(f"{v:.3f}" for v in s["p_values"])
+        p = ", ".join("inconclusive" if v is None else f"{v:.3g}" for v in s["p_values"])
         console.print(
             f"lossless check: {'PASS' if lossless['pass'] else 'FAIL'}: temperature 0 identical on "
             f"{g['identical']}/{g['prompts']} prompts; temperature {lossless['temperature']:g}, first "
