@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from trtspec.bench.datasets import BenchPrompt  # noqa: E402
 from trtspec.bench.run import BenchOptions, run_bench  # noqa: E402
 from trtspec.bench.schedule import Load  # noqa: E402
 from trtspec.fsutil import atomic_write_text  # noqa: E402
-from trtspec.serve.server import Ports, start_server, wait_ready  # noqa: E402
+from trtspec.serve.server import Ports, free_ports, start_server, wait_ready  # noqa: E402
 
 TRIVIAL_MODEL = '''
 import numpy as np
@@ -60,12 +59,6 @@ output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] },
          { name: "output_ids" data_type: TYPE_INT32 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def measure(url: str, rate: float, requests: int, tokens: int, out: Path) -> dict:
@@ -102,9 +95,9 @@ def main() -> int:
         (repo / "1").mkdir(parents=True)
         (repo / "1" / "model.py").write_text(TRIVIAL_MODEL)
         (repo / "config.pbtxt").write_text(TRIVIAL_CONFIG)
-        ports = Ports(free_port(), free_port(), free_port())
+        ports = Ports(*free_ports(3))
         server = start_server(repo.parent, ports, Path(tmp) / "triton.log")
-        oai_port = free_port()
+        oai_port = free_ports(1)[0]
         oai = subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "openai_server.py"), "--port", str(oai_port), "--trivial"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from trtspec.build.builder import run_build
 from trtspec.config import load_config
 from trtspec.fsutil import atomic_write_text
 from trtspec.repository.package import package_repository
-from trtspec.serve.server import Ports, start_server, wait_ready
+from trtspec.serve.server import Ports, free_ports, start_server, wait_ready
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.runner import GenerationParams
 
@@ -44,12 +43,6 @@ def held_out_prompts(count: int) -> list[str]:
     chunks = [c.strip() for c in held.split("\n\n") if len(c.strip()) > 200]
     step = max(1, len(chunks) // count)
     return [chunks[i * step][:400] for i in range(count)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def config_for(mode: str, flavour: str, workdir: Path):
@@ -92,7 +85,7 @@ def in_process(cfg, prompts: list[str], max_tokens: int) -> tuple[list[str], lis
 
 
 def served(cfg, prompts: list[str], max_tokens: int) -> tuple[list[str], float]:
-    ports = Ports(free_port(), free_port(), free_port())
+    ports = Ports(*free_ports(3))
     repo = package_repository(cfg)
     server = start_server(repo, ports, repo.parent / f"{repo.name}.log")
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import queue
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -25,6 +24,7 @@ import yaml
 from conftest import CONFIGS
 
 from trtspec.serve.locate import find_tritonserver
+from trtspec.serve.server import free_ports
 
 pytestmark = [
     pytest.mark.e2e,
@@ -39,12 +39,6 @@ REPOS = {
     "engine-mtp": ("tiny-mtp.yaml", {"flavour": "engine"}),
     "engine-baseline": ("tiny-baseline.yaml", {"flavour": "engine"}),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def trtspec(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -100,7 +94,7 @@ def servers(tmp_path_factory):
         for step in (("build", str(config)), ("package", str(config))):
             res = trtspec(*step, cwd=tmp)
             assert res.returncode == 0, res.stderr
-        http, grpc, metrics = free_port(), free_port(), free_port()
+        http, grpc, metrics = free_ports(3)
         ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
         res = trtspec("serve", str(config), *ports, "--detach", cwd=tmp)
         assert res.returncode == 0, res.stdout + res.stderr

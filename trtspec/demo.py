@@ -8,7 +8,6 @@ and where the reports are.
 
 from __future__ import annotations
 
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,18 +36,15 @@ MODES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def write_configs(workdir: Path) -> dict[str, Path]:
+    from trtspec.serve.server import free_ports
+
     paths = {}
+    ports_left = free_ports(3 * len(MODES))
     for name, extra in MODES.items():
         data = {"name": f"demo-{name}", **COMMON, **extra}
         data["build"] = {**COMMON["build"], "output_dir": str(workdir / "engines")}
-        ports = {f"{k}_port": _free_port() for k in ("http", "grpc", "metrics")}
+        ports = {f"{k}_port": ports_left.pop() for k in ("http", "grpc", "metrics")}
         data["serve"] = {**COMMON["serve"], "repository": str(workdir / "model_repository"), **ports}
         path = workdir / "configs" / f"demo-{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,20 @@ class Server:
         return self.process.returncode
 
 
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports: every socket stays bound until all are chosen, so none repeats."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("localhost", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def backends_for(install: TritonInstall, workdir: Path) -> Path | None:
     """A backends/ tree whose python backend has the stub for this Python (the wheel ships one per version)."""
     if install.backends_dir is None:

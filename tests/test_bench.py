@@ -1,0 +1,287 @@
+"""trtspec bench without a server: the arrival process, the metrics on known timestamps, the
+request contract per protocol, exact synthetic lengths, and the client-side lossless test's power."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+from scipy import stats
+from tiny_models import make_checkpoint
+from transformers import AutoTokenizer
+
+from trtspec.bench.datasets import LengthSpec, count_tokens, synthetic
+from trtspec.bench.load import Item, TokenCounter, WorkerPlan, split
+from trtspec.bench.lossless import chi_square_homogeneity, verdict
+from trtspec.bench.metrics import SLO, acceptance, distribution, summarize
+from trtspec.bench.protocols import Chunk, Contract, Request, Target
+from trtspec.bench.records import RecordWriter, RequestRecord, read_records
+from trtspec.bench.run import compare_levels
+from trtspec.bench.schedule import Load, arrival_gaps, arrival_times
+from trtspec.errors import UsageError
+
+TOKENIZER = str(REPO / "trtspec" / "assets" / "tiny-target")
+
+
+# ---- the arrival process -------------------------------------------------------------------------
+
+
+def test_poisson_arrivals_have_the_configured_rate_and_exponential_gaps():
+    rate, n = 8.0, 20_000
+    gaps = arrival_gaps(n, rate, "poisson", seed=3)
+    assert abs(gaps.mean() - 1 / rate) < 4 * (1 / rate) / np.sqrt(n)
+    assert stats.kstest(gaps, "expon", args=(0, 1 / rate)).pvalue > 1e-3
+    # counts in 1 s windows of a Poisson process: mean = variance = rate
+    times = np.cumsum(gaps)
+    counts = np.bincount(times.astype(int))[:-1]
+    assert abs(counts.var() / counts.mean() - 1) < 0.1
+
+
+def test_gamma_arrivals_follow_the_burstiness_and_the_test_tells_them_from_poisson():
+    rate, n = 5.0, 20_000
+    bursty = arrival_gaps(n, rate, "gamma", burstiness=0.25, seed=4)
+    assert abs(bursty.mean() - 1 / rate) < 4 * bursty.std() / np.sqrt(n)
+    assert stats.kstest(bursty, "gamma", args=(0.25, 0, 1 / (rate * 0.25))).pvalue > 1e-3
+    # the same KS test rejects the bursty gaps as exponential: it has the power to fail
+    assert stats.kstest(bursty, "expon", args=(0, 1 / rate)).pvalue < 1e-12
+    assert stats.kstest(arrival_gaps(n, rate, "poisson", seed=4), "gamma", args=(0.25, 0, 0.8)).pvalue < 1e-12
+
+
+def test_schedules_start_at_zero_and_are_absolute():
+    times = arrival_times(50, Load(rate=10.0), seed=1)
+    assert times[0] == 0 and np.all(np.diff(times) >= 0)
+    assert np.allclose(arrival_times(4, Load(rate=2.0, arrival="constant")), [0, 0.5, 1.0, 1.5])
+    assert np.all(arrival_times(5, Load(rate=float("inf"))) == 0)
+    assert np.all(arrival_times(5, Load(concurrency=3)) == 0)
+    with pytest.raises(ValueError):
+        Load(concurrency=2, rate=1.0)
+    with pytest.raises(ValueError):
+        Load(rate=-1.0)
+
+
+# ---- metrics on hand-made timestamps ---------------------------------------------------------------
+
+
+def record(index, scheduled, sent, chunks, tokens, end, **kw) -> RequestRecord:
+    return RequestRecord(
+        index=index, target="A", level="rate=1", phase="measure", prompt_index=0, category=kw.pop("category", "x"),
+        input_tokens=10, requested_output_tokens=kw.pop("requested", None), scheduled=scheduled, sent=sent,
+        chunk_times=chunks, chunk_tokens=tokens, end=end, output_tokens=sum(tokens), output_tokens_source="server",
+        **kw,
+    )  # fmt: skip
+
+
+def test_per_request_metrics_count_from_the_scheduled_time():
+    # scheduled at 1.0, held by the concurrency cap until 1.5, first chunk at 1.7, chunks of 1, 3, 2 tokens
+    r = record(0, 1.0, 1.5, [1.7, 1.9, 2.2], [1, 3, 2], 2.2)
+    assert r.queue_s == pytest.approx(0.5)
+    assert r.ttft_s == pytest.approx(0.7)  # not 0.2: the wait counts (no coordinated omission)
+    assert r.e2e_s == pytest.approx(1.2)
+    assert r.tpot_s == pytest.approx((2.2 - 1.7) / 5)  # decode time over the 5 tokens after the first
+    assert r.itl_s == pytest.approx([0.2, 0.3])  # one sample per chunk
+    failed = record(1, 0.0, 0.0, [0.1], [1], None, error="boom")
+    assert not failed.ok and failed.e2e_s is None and failed.tpot_s is None
+
+
+def perf(drafted: int, accepted: int) -> dict:
+    return {"total_draft_tokens": drafted, "total_accepted_draft_tokens": accepted}
+
+
+def test_aggregates_equal_hand_computed_values():
+    records = [
+        record(0, 0.0, 0.0, [0.1, 0.3, 0.5], [1, 2, 2], 0.5, perf=perf(4, 2)),
+        record(1, 1.0, 1.0, [1.2, 1.6], [1, 3], 1.6, perf=perf(2, 2)),
+        record(2, 2.0, 2.0, [], [], None, error="HTTP 500: x"),
+    ]  # fmt: skip
+    s = summarize(records, SLO.parse("ttft=150,tpot=200"))
+    assert (s["requests"], s["completed"], s["failed"]) == (3, 2, 1)
+    assert s["duration_s"] == pytest.approx(1.6)  # first scheduled -> last end
+    assert s["output_token_throughput"] == pytest.approx(9 / 1.6)
+    assert s["request_throughput"] == pytest.approx(2 / 1.6)
+    assert s["ttft_ms"]["mean"] == pytest.approx(150.0)
+    assert s["ttft_ms"]["max"] == pytest.approx(200.0)
+    assert s["tpot_ms"]["mean"] == pytest.approx(((0.4 / 4) + (0.4 / 3)) / 2 * 1000)
+    assert s["itl_ms"]["count"] == 3 and s["itl_ms"]["mean"] == pytest.approx(1000 * (0.2 + 0.2 + 0.4) / 3)
+    assert s["e2e_ms"]["p50"] == pytest.approx(550.0)
+    # pooled over tokens: (2 + 2) / (4 + 2), and (4 + 3 produced after the first) / (7 - 4 accepted) steps
+    assert s["acceptance"]["acceptance_rate"] == pytest.approx(4 / 6)
+    assert s["acceptance"]["accepted_tokens_per_step"] == pytest.approx(7 / 3)
+    assert s["acceptance"]["source"] == "server"
+    # SLO: request 0 (ttft 100, tpot 100) is good, request 1 has ttft 200 > 150, the failure is not
+    assert s["slo"]["good_requests"] == 1 and s["slo"]["attainment"] == pytest.approx(1 / 3)
+    assert s["slo"]["goodput"] == pytest.approx(1 / 1.6)
+
+
+def test_percentiles_and_estimated_acceptance():
+    d = distribution(range(1, 101))
+    assert [d["p50"], d["p90"], d["p99"], d["max"], d["mean"]] == pytest.approx([50.5, 90.1, 99.01, 100.0, 50.5])
+    assert d["std"] == pytest.approx(np.std(range(1, 101)))
+    est = acceptance([record(0, 0, 0, [0.1, 0.2, 0.3], [1, 3, 2], 0.3)])
+    assert est["source"].startswith("estimate") and est["accepted_tokens_per_step"] == pytest.approx(2.5)
+
+
+def test_slo_parsing_rejects_bad_specs():
+    assert SLO.parse("ttft=200,e2e=1500").limits_ms == {"ttft": 200.0, "e2e": 1500.0}
+    for bad in ("ttft", "latency=3", "tpot=fast"):
+        with pytest.raises(ValueError):
+            SLO.parse(bad)
+
+
+def test_compare_marks_where_speculation_stops_paying():
+    def level(name, a_ms, b_ms):
+        t = {"e2e_ms": {"mean": a_ms}, "output_token_throughput": 1000 / a_ms}
+        u = {"e2e_ms": {"mean": b_ms}, "output_token_throughput": 1000 / b_ms}
+        return {"level": name, "targets": {"A": t, "B": u}}
+
+    rows = compare_levels(
+        [level("c=1", 50, 100), level("c=8", 90, 100), level("c=32", 120, 100), level("c=64", 200, 100)]
+    )
+    assert [r["latency_speedup"] for r in rows] == pytest.approx([2.0, 100 / 90, 100 / 120, 0.5])
+    assert [r["pays"] for r in rows] == [True, True, False, False]
+    assert [r["stops_paying_here"] for r in rows] == [False, False, True, False]
+
+
+def test_records_are_flushed_per_line_and_a_cut_line_is_skipped(tmp_path):
+    path = tmp_path / "requests.jsonl"
+    writer = RecordWriter(path)
+    writer.write(record(0, 0.0, 0.0, [0.1], [1], 0.1))
+    assert len(path.read_text().splitlines()) == 1  # on disk before close
+    writer.write(record(1, 0.0, 0.0, [0.1], [1], 0.2))
+    writer.close()
+    with path.open("a") as fh:
+        fh.write('{"index": 2, "target": "A", "lev')  # a kill mid-write
+    back = read_records(path)
+    assert [r.index for r in back] == [0, 1] and back[1].e2e_s == pytest.approx(0.2)
+
+
+# ---- protocols and requests ------------------------------------------------------------------------
+
+
+def test_targets_parse_and_bad_ones_are_usage_errors():
+    t = Target.parse("grpc://gpu-host:8001/ensemble")
+    assert (t.protocol, t.host, t.port, t.model) == ("triton-grpc", "gpu-host", 8001, "ensemble")
+    assert str(Target.parse("openai-chat://localhost:9000/llama")) == "openai-chat://localhost:9000/llama"
+    for bad in ("localhost:8001/x", "ftp://h:1/m", "http://h/m", "http://h:1/"):
+        with pytest.raises(UsageError):
+            Target.parse(bad)
+
+
+def _contract(names: dict[str, str], decoupled: bool) -> Contract:
+    metadata = {"name": "m", "inputs": [{"name": n, "datatype": d, "shape": [-1] if d == "BYTES" else [1]}
+                                        for n, d in names.items()]}  # fmt: skip
+    return Contract.from_metadata(metadata, {"model_transaction_policy": {"decoupled": decoupled}})
+
+
+def test_llmapi_and_engine_contracts_get_their_own_names():
+    names = {"text_input": "BYTES", "streaming": "BOOL", "sampling_param_max_tokens": "INT32"}
+    names |= {"sampling_param_seed": "UINT64", "sampling_param_return_perf_metrics": "BOOL"}
+    llmapi = _contract(names, True)
+    values = llmapi.values(Request("hi", 32, min_tokens=32, seed=7))
+    assert values == {"text_input": "hi", "streaming": True, "sampling_param_max_tokens": 32,
+                      "sampling_param_seed": 7, "sampling_param_return_perf_metrics": True}  # fmt: skip
+    assert not llmapi.supports_min_tokens  # TensorRT-LLM's llmapi model declares no min_tokens
+    engine = _contract({"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "min_tokens": "INT32",
+                        "num_draft_tokens": "INT32"}, False)  # fmt: skip
+    values = engine.values(Request("hi", 16, min_tokens=16, extra={"num_draft_tokens": 3}))
+    assert values == {"text_input": "hi", "max_tokens": 16, "stream": False, "min_tokens": 16, "num_draft_tokens": 3}
+    with pytest.raises(UsageError):
+        _contract({"input_ids": "INT32"}, False)
+
+
+def test_token_counter_splits_chunks_and_prefers_server_counts():
+    counter = TokenCounter(TOKENIZER)
+    tok = counter.tokenizer
+    text = "ROMEO:\nBut soft, what light through yonder window breaks?"
+    ids = tok(text, add_special_tokens=False).input_ids
+    pieces = [
+        tok.decode(ids[:3]),
+        tok.decode(ids[:7])[len(tok.decode(ids[:3])) :],
+        tok.decode(ids)[len(tok.decode(ids[:7])) :],
+    ]
+    r = record(0, 0, 0, [0.1, 0.2, 0.3], [], 0.3)
+    counter.fill(r, [Chunk(text=p) for p in pieces], None)
+    assert sum(r.chunk_tokens) == r.output_tokens == len(ids) and r.output_tokens_source == "tokenizer"
+    counter.fill(r, [Chunk(text="a", tokens=2), Chunk(text="b", tokens=5)], 7)
+    assert (r.chunk_tokens, r.output_tokens, r.output_tokens_source) == ([2, 5], 7, "server")
+
+
+def test_split_shares_the_cap_and_round_robins_items():
+    items = [Item(i, i, None, float(i)) for i in range(10)]
+    plan = WorkerPlan("openai://h:1/m", "A", Load(concurrency=5), "measure", items, 5, 8, False, 0.0, 0, 10.0,
+                      None, 1.0, None)  # fmt: skip
+    parts = split(plan, 3)
+    assert [p.in_flight_cap for p in parts] == [2, 2, 1]
+    assert sorted(i.index for p in parts for i in p.items) == list(range(10))
+    assert [p.worker for p in parts] == [0, 1, 2]
+
+
+# ---- datasets ---------------------------------------------------------------------------------------
+
+
+def test_synthetic_prompts_are_exact_in_the_models_tokens():
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    corpus = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+    prompts = synthetic(tok, 12, LengthSpec(40, 10), LengthSpec(16, 4), corpus if corpus.exists() else None, seed=2)
+    assert all(count_tokens(tok, p.text) == p.input_tokens for p in prompts)
+    assert len({p.input_tokens for p in prompts}) > 3  # the std is honoured
+    assert all(p.output_tokens >= 1 for p in prompts)
+    random_vocab = synthetic(tok, 4, LengthSpec(25), LengthSpec(8), None, seed=3)
+    assert [count_tokens(tok, p.text) for p in random_vocab] == [25] * 4
+
+
+# ---- the client-side lossless test has power -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from trtspec.speculative.model import load_transformer
+
+    root = tmp_path_factory.mktemp("bench-lossless")
+    target = load_transformer(make_checkpoint(root / "t", vocab=8, layers=2, seed=11))
+    draft = load_transformer(make_checkpoint(root / "d", vocab=8, layers=1, seed=12))
+    return target, draft
+
+
+def _first_tokens(runner, n: int, seed: int) -> list[str]:
+    from trtspec.speculative.runner import GenerationParams
+    from trtspec.speculative.sampling import SamplingParams
+
+    out = runner.generate(
+        [[2, 3, 2, 3, 2]] * n, GenerationParams(max_tokens=3, sampling=SamplingParams(1.0), seed=seed)
+    )
+    return [json.dumps(g.tokens) for g in out]
+
+
+def test_lossless_check_passes_a_correct_sampler_and_fails_a_broken_one(tiny):
+    from test_lossless import verify_resampling_from_p
+
+    from trtspec.speculative.drafters import DraftModelDrafter
+    from trtspec.speculative.runner import SpeculativeRunner
+
+    target, draft = tiny
+    baseline = _first_tokens(SpeculativeRunner(target), 3000, seed=1)
+    good = _first_tokens(SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=2), 3000, seed=2)
+    bad_runner = SpeculativeRunner(
+        target, DraftModelDrafter(draft), num_draft_tokens=2, verify_fn=verify_resampling_from_p
+    )
+    bad = _first_tokens(bad_runner, 3000, seed=3)
+    ok = verdict([("x", "x")], [(good, baseline)])
+    broken = verdict([("x", "x")], [(bad, baseline)])
+    assert ok["pass"], ok
+    assert not broken["pass"] and broken["sampled"]["p_values"][0] < 1e-6, broken
+    assert not verdict([("a", "b")], [(good, baseline)])["pass"]  # one greedy mismatch fails it too
+
+
+def test_lossless_check_is_inconclusive_without_repeated_outcomes():
+    unique_a = [f"a{i}" for i in range(100)]
+    unique_b = [f"b{i}" for i in range(100)]
+    assert chi_square_homogeneity(unique_a, unique_b)[2] is None
+    assert chi_square_homogeneity(["x"] * 5, ["x"] * 5)[2] is None  # too few samples
+    v = verdict([], [(unique_a, unique_b)])
+    assert not v["pass"] and v["inconclusive"] == [0]
+    assert torch.isclose(
+        torch.tensor(chi_square_homogeneity(["x"] * 50 + ["y"] * 50, ["x"] * 50 + ["y"] * 50)[2]), torch.tensor(1.0)
+    )
