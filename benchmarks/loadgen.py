@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from trtspec.bench.datasets import BenchPrompt  # noqa: E402
+from trtspec.bench.records import read_records  # noqa: E402
 from trtspec.bench.run import BenchOptions, run_bench  # noqa: E402
 from trtspec.bench.schedule import Load  # noqa: E402
 from trtspec.fsutil import atomic_write_text  # noqa: E402
@@ -70,8 +71,7 @@ def measure(url: str, rate: float, requests: int, tokens: int, out: Path) -> dic
     summary = run_bench(opts, lambda _n, _r: None)
     level = summary["levels"][0]
     a, client = level["targets"]["A"], level["client"]["A"]
-    chunks = sum(int(json.loads(line).get("phase") == "measure") * len(json.loads(line)["chunk_times"])
-                 for line in (out / "requests.jsonl").read_text().splitlines())  # fmt: skip
+    chunks = sum(len(r.chunk_times) for r in read_records(out / "requests.jsonl") if r.phase == "measure")
     return {
         "offered_responses_per_s": rate * tokens,
         "responses_per_s": chunks / a["duration_s"],

@@ -15,11 +15,10 @@ import yaml
 from rich.console import Console
 
 from trtspec.assets import ASSETS_DIR
-from trtspec.bench.datasets import from_file
+from trtspec.bench.datasets import from_file, load_tokenizer
 from trtspec.bench.run import BenchOptions, run_bench
 from trtspec.bench.schedule import Load
 from trtspec.bench.tables import print_summary
-from trtspec.errors import TrtspecError
 
 COMMON = {
     "target": {"checkpoint": "embedded:tiny-target", "dtype": "float32"},
@@ -54,8 +53,6 @@ def write_configs(workdir: Path) -> dict[str, Path]:
 
 
 def run_demo(workdir: Path, console: Console, requests: int = 8, lossless_samples: int = 150) -> int:
-    from transformers import AutoTokenizer
-
     from trtspec.build.builder import run_build
     from trtspec.config import load_config
     from trtspec.repository.package import package_repository
@@ -76,7 +73,7 @@ def run_demo(workdir: Path, console: Console, requests: int = 8, lossless_sample
             list(pool.map(lambda s: wait_ready(s, 300), servers.values()))
         console.print("serving: " + ", ".join(f"{n} on gRPC :{s.ports.grpc}" for n, s in servers.items()))
         tokenizer = str(ASSETS_DIR / "tiny-target")
-        prompts = from_file(AutoTokenizer.from_pretrained(tokenizer), ASSETS_DIR / "demo_prompts.jsonl", 48)
+        prompts = from_file(load_tokenizer(tokenizer), ASSETS_DIR / "demo_prompts.jsonl", 48)
         failed = False
         for mode in ("draft-target", "mtp"):
             out = workdir / "results" / f"{mode}-vs-baseline"
@@ -94,8 +91,6 @@ def run_demo(workdir: Path, console: Console, requests: int = 8, lossless_sample
             print_summary(summary, console, out)
             failed = failed or not summary.get("lossless", {}).get("pass", False) or not summary["complete"]
         return 1 if failed else 0
-    except TrtspecError:
-        raise
     finally:
         for server in servers.values():
             server.stop()

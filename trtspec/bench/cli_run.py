@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trtspec.bench.datasets import LengthSpec, from_file, synthetic
+from trtspec.bench.datasets import LengthSpec, from_file, load_tokenizer, synthetic
 from trtspec.bench.load import default_workers
 from trtspec.bench.metrics import SLO
 from trtspec.bench.run import BenchOptions, run_bench
@@ -67,10 +67,10 @@ def options_from(target: str, baseline: str | None, protocol: str, host: str, o:
     tokenizer = o["tokenizer"] or a.tokenizer or (b.tokenizer if b else None)
     if tokenizer is None and (o["dataset"] == "synthetic" or not o["dataset"]):
         raise UsageError("synthetic prompts need --tokenizer (the model's) to be exact in tokens")
+    if o["fail_on_slo"] and not o["slo"]:
+        raise UsageError("--fail-on-slo needs --slo")
     if o["dataset"] == "synthetic":
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(tokenizer)
+        tok = load_tokenizer(tokenizer)
         prompts = synthetic(
             tok, max(o["num_requests"] or 32, 8), LengthSpec(o["input_len"], o["input_std"]),
             LengthSpec(o["output_len"], o["output_std"]), o["corpus"], o["seed"],
@@ -78,9 +78,7 @@ def options_from(target: str, baseline: str | None, protocol: str, host: str, o:
     else:
         if tokenizer is None:
             raise UsageError("counting prompt tokens needs --tokenizer")
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(tokenizer)
+        tok = load_tokenizer(tokenizer)
         prompts = from_file(tok, Path(o["dataset"]), None, per_category=o["per_category"])
     workers = default_workers() if o["workers"] == "auto" else int(o["workers"]) if o["workers"].isdigit() else 0
     if workers < 1:
@@ -139,9 +137,7 @@ def bench_command(target: str, baseline: str | None, protocol: str, host: str, o
         code = 1
     if summary.get("lossless") and not summary["lossless"]["pass"]:
         code = 1
-    if o["fail_on_slo"] and (summary["slo_failed"] or opts.slo is None):
-        if opts.slo is None:
-            raise UsageError("--fail-on-slo needs --slo")
+    if o["fail_on_slo"] and summary["slo_failed"]:
         for line in summary["slo_failed"]:
             console.print(f"[red]SLO missed: {line}[/red]")
         code = 1

@@ -8,6 +8,7 @@ decoded and re-encoded until the server's tokenizer gives exactly the drawn leng
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,17 @@ class LengthSpec:
     def draw(self, rng: np.random.Generator, count: int) -> list[int]:
         values = np.rint(rng.normal(self.mean, self.std, size=count)) if self.std > 0 else np.full(count, self.mean)
         return [int(v) for v in np.clip(values, 1, self.mean + 4 * self.std + 1)]
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(ref: str):
+    """The model's tokenizer (a directory or a hub id), loaded once per process."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(ref)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--tokenizer {ref}: cannot load a tokenizer: {str(exc).splitlines()[0]}") from None
 
 
 def count_tokens(tokenizer, text: str) -> int:

@@ -18,8 +18,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trtspec.bench.datasets import BenchPrompt
-from trtspec.bench.protocols import Chunk, Request, ServerError, Target, Unreachable, make_client
+from trtspec.bench.datasets import BenchPrompt, load_tokenizer
+from trtspec.bench.protocols import (
+    Chunk,
+    Request,
+    ServerError,
+    Target,
+    Unreachable,
+    make_client,
+    supports_min_tokens,
+)
 from trtspec.bench.records import RequestRecord
 from trtspec.bench.schedule import Load
 
@@ -77,11 +85,7 @@ class TokenCounter:
     on the accumulated text (differences of prefix counts, so merges across chunks add up)."""
 
     def __init__(self, tokenizer_path: str | None) -> None:
-        self.tokenizer = None
-        if tokenizer_path:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
 
     def fill(self, record: RequestRecord, chunks: list[Chunk], server_total: int | None) -> None:
         if chunks and all(c.tokens is not None for c in chunks):
@@ -122,8 +126,6 @@ async def execute(
     counter = TokenCounter(plan.tokenizer)
     client = make_client(Target.parse(plan.target))
     await client.open()
-    from trtspec.bench.protocols import supports_min_tokens
-
     stats.min_tokens_supported = supports_min_tokens(client)
     start = await asyncio.to_thread(ready) if ready is not None else time.monotonic()
     cap = asyncio.Semaphore(plan.in_flight_cap) if plan.in_flight_cap else None
@@ -179,8 +181,8 @@ async def execute(
                 stats.aborted = f"server unreachable ({unreachable[0]} connection failures in a row)"
         except ServerError as exc:
             record.error = str(exc) or type(exc).__name__
-        if record.error and record.text == "":
-            counter.fill(record, chunks, None) if chunks else None
+        if record.error and chunks:  # what streamed before the failure still counts per chunk
+            counter.fill(record, chunks, None)
         sink(record)
 
     tasks: list[asyncio.Task] = []

@@ -95,6 +95,21 @@ class Reply:
 ChunkCallback = Callable[[Chunk], None]
 
 
+# what each Triton contract calls a request's fields; TensorRT-LLM's llmapi model has no min_tokens
+INPUT_NAMES = {
+    "llmapi": {
+        "prompt": "text_input", "stream": "streaming", "max_tokens": "sampling_param_max_tokens",
+        "temperature": "sampling_param_temperature", "perf": "sampling_param_return_perf_metrics",
+        "exclude_input": "sampling_param_exclude_input_from_output", "seed": "sampling_param_seed",
+    },
+    "engine": {
+        "prompt": "text_input", "stream": "stream", "max_tokens": "max_tokens", "temperature": "temperature",
+        "perf": "return_perf_metrics", "exclude_input": "exclude_input_in_output", "seed": "seed",
+        "min_tokens": "min_tokens",
+    },
+}  # fmt: skip
+
+
 @dataclass
 class Contract:
     """How a Triton model names things: TensorRT-LLM's llmapi model, or its engine ensemble/BLS."""
@@ -122,30 +137,18 @@ class Contract:
 
     def values(self, request: Request) -> dict[str, Any]:
         """The request as this model's input values (only those the model declares)."""
-        if self.kind == "llmapi":
-            values = {
-                "text_input": request.prompt,
-                "streaming": self.decoupled,
-                "sampling_param_max_tokens": request.max_tokens,
-                "sampling_param_temperature": request.temperature,
-                "sampling_param_return_perf_metrics": True,
-                "sampling_param_exclude_input_from_output": True,
-            }
-            if request.seed is not None:
-                values["sampling_param_seed"] = request.seed
-        else:
-            values = {
-                "text_input": request.prompt,
-                "max_tokens": request.max_tokens,
-                "stream": self.decoupled,
-                "temperature": request.temperature,
-                "return_perf_metrics": True,
-                "exclude_input_in_output": True,
-            }
-            if request.seed is not None:
-                values["seed"] = request.seed
-            if request.min_tokens:
-                values["min_tokens"] = request.min_tokens
+        generic = {
+            "prompt": request.prompt,
+            "stream": self.decoupled,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "perf": True,
+            "exclude_input": True,
+            "seed": request.seed,
+            "min_tokens": request.min_tokens or None,
+        }
+        names = INPUT_NAMES[self.kind]
+        values = {names[k]: v for k, v in generic.items() if v is not None and names.get(k)}
         values.update(request.extra)
         return {k: v for k, v in values.items() if k in self.inputs}
 

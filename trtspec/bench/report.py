@@ -152,7 +152,3 @@ def write_reports(out_dir: Path, summary: dict, records: list[RequestRecord]) ->
     writer.writerows(rows)
     atomic_write_text(out_dir / "summary.csv", buf.getvalue())
     atomic_write_text(out_dir / "report.html", _html(summary, rows, _figures(summary, records)))
-
-
-def report_path(out_dir: Path) -> Path:
-    return out_dir / "report.html"

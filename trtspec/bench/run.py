@@ -4,7 +4,6 @@ what it measured (requests.jsonl is flushed per request on top of that)."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -20,7 +19,6 @@ from trtspec.bench.report import write_reports
 from trtspec.bench.schedule import Load, arrival_times
 from trtspec.bench.selfcheck import client_check
 from trtspec.errors import TrtspecError
-from trtspec.fsutil import atomic_write_text
 
 PAYS_MARGIN = 1.0  # speculation pays at a level when the baseline's mean latency / its own exceeds this
 
@@ -223,11 +221,3 @@ def slo_failures(summary: dict, opts: BenchOptions) -> list[str]:
             if slo is not None and slo["attainment"] < opts.slo_attainment:
                 out.append(f"{level['level']} {label}: {slo['attainment']:.0%} of requests met the SLO")
     return out
-
-
-def load_summary(out_dir: Path) -> dict:
-    return json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
-
-
-def save_json(path: Path, data: dict) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=str))
