@@ -152,6 +152,24 @@ class StorageSection(_Section):
     storage_class: str | None = None
 
 
+class Toleration(_Section):
+    key: str
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class AutoscalingSection(_Section):
+    """An HPA on Triton's queue-to-compute ratio (NVIDIA's autoscaling tutorial); needs prometheus-adapter."""
+
+    enabled: bool = True
+    min_replicas: Annotated[int, _range(1, 1000)] = 1
+    max_replicas: Annotated[int, _range(1, 1000)] = 4
+    queue_compute_ratio: Annotated[float, _range(0.001)] = Field(
+        default=1.0, description="scale out when time queued per unit of compute time exceeds this"
+    )
+
+
 class DeploySection(_Section):
     image: str | None = Field(default=None, description="default: the Triton TRT-LLM image for the version")
     gpus_per_node: Annotated[int, _range(1, 64)] = 8
@@ -160,6 +178,17 @@ class DeploySection(_Section):
     kubernetes_version: Annotated[str, AfterValidator(lambda v: _k8s_version(v))] = "1.30"
     storage: StorageSection = StorageSection()
     hf_token_secret: str | None = Field(default=None, description="a Secret name; never the token itself")
+    gpu_product: str | None = Field(default=None, description="nvidia.com/gpu.product label to require")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(
+        default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+    )
+    cpu: str | None = Field(default=None, description="CPU per pod; default max(4, GPUs), as NVIDIA's chart")
+    memory: str | None = Field(default=None, description="memory per pod; default 8Gi per CPU, as NVIDIA's chart")
+    shm_size: str = Field(default="16Gi", description="/dev/shm (a memory emptyDir) for the python backend and NCCL")
+    image_pull_secret: str | None = None
+    service_type: Literal["ClusterIP", "LoadBalancer"] = "ClusterIP"
+    autoscaling: AutoscalingSection = AutoscalingSection()
 
 
 def _k8s_version(value: str) -> str:
@@ -262,6 +291,17 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
                 "build.max_seq_len",
                 f"must leave room for the prompt, {k} draft tokens and one output token: >= {b.max_input_len + k + 1},"
                 f" got {b.max_seq_len}",
+            )
+        )
+    a = cfg.deploy.autoscaling
+    if a.min_replicas > a.max_replicas:
+        errors.append(("deploy.autoscaling.min_replicas", f"must not exceed max_replicas ({a.max_replicas})"))
+    world, per_node = b.tp * b.pp, cfg.deploy.gpus_per_node
+    if world > per_node and world % per_node:
+        errors.append(
+            (
+                "deploy.gpus_per_node",
+                f"tp x pp = {world} spans nodes, so it must be a multiple of gpus_per_node, got {per_node}",
             )
         )
     ports = [cfg.serve.http_port, cfg.serve.grpc_port, cfg.serve.metrics_port]
