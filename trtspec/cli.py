@@ -422,6 +422,38 @@ def bench(target: str, baseline: str | None, protocol: str, host: str, **o: Any)
 
 
 @cli.command()
+@config_argument
+@click.option(
+    "--target",
+    "kind",
+    type=click.Choice(["k8s", "docker"]),
+    default="k8s",
+    help="k8s: kustomize-ready manifests; docker: a compose setup for one host.",
+)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+def deploy(config: Path, kind: str, out: Path, force: bool) -> None:
+    """Write Kubernetes manifests (or a compose setup) that build and serve a config's repository."""
+    from trtspec.config import load_config
+    from trtspec.deploy.topology import image_for, topology
+    from trtspec.deploy.write import write_deployment
+
+    cfg = load_config(config)
+    written = write_deployment(cfg, kind, out, force)  # type: ignore[arg-type]
+    topo = topology(cfg)
+    shape = (
+        "CPU"
+        if topo.cpu_only
+        else f"{topo.pods_per_replica} pod(s) x {topo.gpus_per_pod} GPU(s), {topo.mpi_ranks} rank(s) per replica"
+    )
+    click.echo(f"wrote {len(written)} files to {out} ({shape}; image {image_for(cfg)})")
+    if kind == "k8s":
+        click.echo(f"  apply: kubectl apply -k {out}")
+    else:
+        click.echo(f"  run:   docker compose -f {out / 'compose.yaml'} up --build")
+
+
+@cli.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("trtspec-demo"))
 @click.option("--requests", type=click.IntRange(2), default=8, help="Requests per load level and target.")
 @click.option("--lossless-samples", type=click.IntRange(20), default=150, help="Samples per side per prompt.")

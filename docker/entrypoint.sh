@@ -1,0 +1,12 @@
+#!/bin/sh
+# Entry point of trtspec's images (GPU and CPU): build | serve | all | leader | worker.
+#   build   trtspec build + package into the workspace volume (resumable; a no-op when up to date)
+#   serve   wait for the packaged repository, then run tritonserver on it
+#   all     build, then serve (the CPU image's default: one container does everything)
+#   leader  multi-node: wait for the group's pods, start every rank over kubessh, serve from rank 0
+#   worker  multi-node: host the ranks the leader starts; wait for SIGTERM
+# The logic lives in trtspec/deploy/launch.py, where it is tested.
+set -eu
+TRTSPEC_CONFIG="${TRTSPEC_CONFIG:-/etc/trtspec/trtspec.yaml}"
+export TRTSPEC_CONFIG
+exec "${TRTSPEC_PYTHON:-python3}" -m trtspec.deploy.launch "$@"

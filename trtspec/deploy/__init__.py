@@ -1,0 +1,1 @@
+"""`trtspec deploy`: Docker images and Kubernetes manifests for a config's model repository."""

@@ -1,0 +1,425 @@
+"""Kubernetes manifests for one config, as plain dicts: kustomize-ready, one file per kind.
+
+The patterns are NVIDIA's (shared reference, triton-model-repository-and-k8s.md §5): the autoscaling
+tutorial's Deployment (probes on /v2/health/*, ports 8000/8001/8002, nvidia.com/gpu = tp x pp, /dev/shm
+as a memory emptyDir, a PodMonitor and an HPA on triton:queue_compute:ratio), and the EKS multi-node
+guide's LeaderWorkerSet (group size = tp x pp / GPUs per node, a Service on the leader, ranks started
+from the leader over kubessh, so the pods need exec RBAC). Engines are built by a Job into the
+PersistentVolumeClaim the servers mount; pods run non-root with a read-only root filesystem.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from trtspec.build.builder import SKIP_WARM_UP_ENV
+from trtspec.config import DeploymentConfig
+from trtspec.deploy.topology import CONFIG_PATH, WORKSPACE, Topology, image_for, topology
+
+Manifest = dict[str, Any]
+
+QUEUE_COMPUTE_RATIO = "triton:queue_compute:ratio"
+QUEUE_COMPUTE_EXPR = (
+    "rate(nv_inference_queue_duration_us[1m])/clamp_min(rate(nv_inference_compute_infer_duration_us[1m]),1)"
+)
+UID = 1000  # the triton-server user of NVIDIA's Triton images; Dockerfile.cpu creates the same
+HF_TOKEN_DIR = "/var/run/secrets/huggingface"
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+GROUP_KEY_FIELD = "metadata.labels['leaderworkerset.sigs.k8s.io/group-key']"
+
+
+def cluster_config(cfg: DeploymentConfig) -> dict[str, Any]:
+    """The config as the pods read it: engines and repository on the shared volume, local
+    checkpoints under /workspace/checkpoints (copy them there), embedded ones and hub ids as they are."""
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    data["build"]["output_dir"] = str(WORKSPACE / "engines")
+    data["serve"]["repository"] = str(WORKSPACE / "model_repository")
+    for role in ("target", "draft"):
+        section = getattr(cfg, role)
+        if section is None or section.checkpoint.startswith("embedded:"):
+            continue
+        local = cfg.checkpoint_path(section)
+        if local is not None:
+            data[role]["checkpoint"] = str(WORKSPACE / "checkpoints" / local.name)
+    return data
+
+
+def local_checkpoints(cfg: DeploymentConfig) -> dict[str, str]:
+    """Local checkpoint dir -> where the pods expect it on the volume (the README step copies it)."""
+    moved = {}
+    for role in ("target", "draft"):
+        section = getattr(cfg, role)
+        if section is None or section.checkpoint.startswith("embedded:"):
+            continue
+        local = cfg.checkpoint_path(section)
+        if local is not None:
+            moved[str(local)] = str(WORKSPACE / "checkpoints" / local.name)
+    return moved
+
+
+def _labels(cfg: DeploymentConfig, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "trtspec",
+        "app.kubernetes.io/instance": cfg.name,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def _meta(cfg: DeploymentConfig, name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": cfg.deploy.namespace, "labels": _labels(cfg, component)}
+
+
+def _resources(cfg: DeploymentConfig, topo: Topology) -> dict[str, Any]:
+    """NVIDIA's chart: CPU max(4, GPUs) and 8Gi of memory per CPU; a CPU variant gets 2 CPU and 4Gi."""
+    cpus = max(4, topo.gpus_per_pod) if not topo.cpu_only else 2
+    cpu = cfg.deploy.cpu or str(cpus)
+    memory = cfg.deploy.memory or (f"{cpus * 8}Gi" if not topo.cpu_only else "4Gi")
+    amounts: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if topo.gpus_per_pod:
+        amounts["nvidia.com/gpu"] = topo.gpus_per_pod
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _probe(path: str, period: int, failures: int, delay: int = 0) -> dict[str, Any]:
+    probe: dict[str, Any] = {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period}
+    probe["failureThreshold"] = failures
+    if delay:
+        probe["initialDelaySeconds"] = delay
+    return probe
+
+
+def _container(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: bool) -> dict[str, Any]:
+    env = [
+        {"name": "TRTSPEC_CONFIG", "value": str(CONFIG_PATH)},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HOME", "value": str(WORKSPACE / "hf-cache")},
+    ]
+    if cfg.deploy.hf_token_secret:  # a file, not an env var: huggingface_hub reads HF_TOKEN_PATH
+        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/token"})
+    if topo.multi_node:
+        env.append({"name": "GROUP_KEY", "valueFrom": {"fieldRef": {"fieldPath": GROUP_KEY_FIELD}}})
+    container: dict[str, Any] = {
+        "name": "triton" if args != ["build"] else "build",
+        "image": image_for(cfg),
+        "imagePullPolicy": "Always",
+        "args": args,
+        "env": env,
+        "resources": _resources(cfg, topo),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": _mounts(cfg),
+    }
+    if serving:
+        s = cfg.serve
+        container["ports"] = [
+            {"name": "http", "containerPort": s.http_port},
+            {"name": "grpc", "containerPort": s.grpc_port},
+            {"name": "metrics", "containerPort": s.metrics_port},
+        ]
+        # Loading a large model takes minutes: the startup probe allows 30 min before liveness applies.
+        container["startupProbe"] = _probe("/v2/health/ready", 10, 180)
+        container["readinessProbe"] = _probe("/v2/health/ready", 5, 3)
+        container["livenessProbe"] = _probe("/v2/health/live", 10, 6)
+    # Workers and the build Job serve nothing; the leader's probes cover a group (RecreateGroupOnPodRestart).
+    return container
+
+
+def _mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    mounts = [
+        {"name": "workspace", "mountPath": str(WORKSPACE)},
+        {"name": "config", "mountPath": str(CONFIG_PATH.parent), "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if cfg.deploy.hf_token_secret:
+        mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
+    return mounts
+
+
+def _volumes(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    volumes = [
+        {"name": "workspace", "persistentVolumeClaim": {"claimName": f"{cfg.name}-workspace"}},
+        {"name": "config", "configMap": {"name": f"{cfg.name}-config"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.deploy.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    if cfg.deploy.hf_token_secret:
+        secret = {"secretName": cfg.deploy.hf_token_secret, "items": [{"key": "HF_TOKEN", "path": "token"}]}
+        volumes.append({"name": "hf-token", "secret": secret})
+    return volumes
+
+
+def _pod(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: bool, account: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "fsGroup": UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": account is not None,
+        "containers": [_container(cfg, topo, args, serving)],
+        "volumes": _volumes(cfg),
+    }
+    if account:
+        spec["serviceAccountName"] = account
+    if cfg.deploy.node_selector:
+        spec["nodeSelector"] = dict(cfg.deploy.node_selector)
+    if not topo.cpu_only:
+        spec["tolerations"] = [t.model_dump(exclude_none=True) for t in cfg.deploy.tolerations]
+        if cfg.deploy.gpu_product:
+            term = {"key": "nvidia.com/gpu.product", "operator": "In", "values": [cfg.deploy.gpu_product]}
+            required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    if cfg.deploy.image_pull_secret:
+        spec["imagePullSecrets"] = [{"name": cfg.deploy.image_pull_secret}]
+    return spec
+
+
+def namespace(cfg: DeploymentConfig) -> Manifest:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.deploy.namespace}}
+
+
+def config_map(cfg: DeploymentConfig) -> Manifest:
+    text = yaml.safe_dump(cluster_config(cfg), sort_keys=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(cfg, f"{cfg.name}-config", "config"),
+        "data": {CONFIG_PATH.name: text},
+    }
+
+
+def volume_claim(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+    """Pods of a group, or replicas the HPA adds, land on different nodes: they need ReadWriteMany."""
+    shared = topo.multi_node or cfg.deploy.replicas > 1 or cfg.deploy.autoscaling.enabled
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
+        "resources": {"requests": {"storage": cfg.deploy.storage.size}},
+    }
+    if cfg.deploy.storage.storage_class:
+        spec["storageClassName"] = cfg.deploy.storage.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(cfg, f"{cfg.name}-workspace", "storage"),
+        "spec": spec,
+    }
+
+
+def build_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+    """`trtspec build` into the volume; it is resumable, so a retried pod redoes only what is missing."""
+    one_pod = Topology(topo.world_size, topo.gpus_per_pod, 1, 1, topo.cpu_only)
+    pod = _pod(cfg, one_pod, ["build"], False, None)
+    pod["restartPolicy"] = "Never"
+    if topo.multi_node:  # the warm-up load would need the whole group; the leader's start proves it instead
+        pod["containers"][0]["env"].append({"name": SKIP_WARM_UP_ENV, "value": "1"})
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(cfg, f"{cfg.name}-build", "build"),
+        "spec": {
+            "backoffLimit": 2,
+            "template": {"metadata": {"labels": _labels(cfg, "build")}, "spec": pod},
+        },
+    }
+
+
+def deployment(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+    labels = _labels(cfg, "server")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(cfg, cfg.name, "server"),
+        "spec": {
+            "replicas": cfg.deploy.replicas,
+            "selector": {"matchLabels": labels},
+            # GPUs are scarce: replace a pod in place rather than ask for a surge pod's GPUs.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {"metadata": {"labels": labels}, "spec": _pod(cfg, topo, ["serve"], True, None)},
+        },
+    }
+
+
+def leader_worker_set(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+    account = f"{cfg.name}-launcher"
+    leader_labels = {**_labels(cfg, "server"), "trtspec.dev/role": "leader"}
+    worker_labels = {**_labels(cfg, "server"), "trtspec.dev/role": "worker"}
+    return {
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
+        "metadata": _meta(cfg, cfg.name, "server"),
+        "spec": {
+            "replicas": cfg.deploy.replicas,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": topo.pods_per_replica,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {
+                    "metadata": {"labels": leader_labels},
+                    "spec": _pod(cfg, topo, ["leader"], True, account),
+                },
+                "workerTemplate": {
+                    "metadata": {"labels": worker_labels},
+                    "spec": _pod(cfg, topo, ["worker"], False, account),
+                },
+            },
+        },
+    }
+
+
+def launcher_rbac(cfg: DeploymentConfig) -> list[Manifest]:
+    """kubessh is `kubectl exec`: the leader may list the group's pods and exec into them, nothing more."""
+    name = f"{cfg.name}-launcher"
+    meta = _meta(cfg, name, "launcher")
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": True},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": cfg.deploy.namespace}],
+        },
+    ]
+
+
+def _serving_selector(cfg: DeploymentConfig, topo: Topology) -> dict[str, str]:
+    selector = _labels(cfg, "server")
+    if topo.multi_node:  # only the leader serves and exports metrics
+        selector["trtspec.dev/role"] = "leader"
+    return selector
+
+
+def service(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+    s = cfg.serve
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(cfg, cfg.name, "server"),
+        "spec": {
+            "type": cfg.deploy.service_type,
+            "selector": _serving_selector(cfg, topo),
+            "ports": [
+                {"name": "http", "port": s.http_port, "targetPort": "http"},
+                {"name": "grpc", "port": s.grpc_port, "targetPort": "grpc"},
+                {"name": "metrics", "port": s.metrics_port, "targetPort": "metrics"},
+            ],
+        },
+    }
+
+
+def network_policy(cfg: DeploymentConfig) -> Manifest:
+    """Ingress only to the serving ports, plus anything between the deployment's own pods (a group's
+    ranks talk NCCL and MPI on ports nobody fixes). Egress stays open: builds fetch checkpoints."""
+    s = cfg.serve
+    ports = [{"protocol": "TCP", "port": p} for p in (s.http_port, s.grpc_port, s.metrics_port)]
+    own = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": cfg.name}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(cfg, cfg.name, "server"),
+        "spec": {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/instance": cfg.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": ports}, {"from": [own]}],
+        },
+    }
+
+
+def pod_monitor(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _meta(cfg, cfg.name, "server"),
+        "spec": {
+            "selector": {"matchLabels": _serving_selector(cfg, topo)},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def prometheus_rule(cfg: DeploymentConfig) -> Manifest:
+    """The recording rule the HPA reads through prometheus-adapter (NVIDIA's autoscaling tutorial)."""
+    rules = [{"record": QUEUE_COMPUTE_RATIO, "expr": QUEUE_COMPUTE_EXPR}]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": _meta(cfg, cfg.name, "server"),
+        "spec": {"groups": [{"name": f"{cfg.name}.triton", "rules": rules}]},
+    }
+
+
+def autoscaler(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+    a = cfg.deploy.autoscaling
+    target = (
+        {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "name": cfg.name}
+        if topo.multi_node
+        else {"apiVersion": "apps/v1", "kind": "Deployment", "name": cfg.name}
+    )
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(cfg, cfg.name, "server"),
+        "spec": {
+            "scaleTargetRef": target,
+            "minReplicas": a.min_replicas,
+            "maxReplicas": a.max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": QUEUE_COMPUTE_RATIO},
+                        "target": {"type": "AverageValue", "averageValue": f"{round(a.queue_compute_ratio * 1000)}m"},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render(cfg: DeploymentConfig) -> dict[str, list[Manifest]]:
+    """File name -> the manifests in it, in the order kubectl should apply them."""
+    topo = topology(cfg)
+    files: dict[str, list[Manifest]] = {
+        "namespace.yaml": [namespace(cfg)],
+        "config.yaml": [config_map(cfg)],
+        "storage.yaml": [volume_claim(cfg, topo)],
+        "build-job.yaml": [build_job(cfg, topo)],
+    }
+    if topo.multi_node:
+        files["launcher-rbac.yaml"] = launcher_rbac(cfg)
+        files["leaderworkerset.yaml"] = [leader_worker_set(cfg, topo)]
+    else:
+        files["deployment.yaml"] = [deployment(cfg, topo)]
+    files["service.yaml"] = [service(cfg, topo)]
+    files["networkpolicy.yaml"] = [network_policy(cfg)]
+    files["podmonitor.yaml"] = [pod_monitor(cfg, topo)]
+    files["prometheusrule.yaml"] = [prometheus_rule(cfg)]
+    if cfg.deploy.autoscaling.enabled:
+        files["hpa.yaml"] = [autoscaler(cfg, topo)]
+    files["kustomization.yaml"] = [
+        {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "namespace": cfg.deploy.namespace,
+            "resources": list(files),
+        }
+    ]
+    return files
