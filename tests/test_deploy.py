@@ -1,0 +1,408 @@
+"""`trtspec deploy`: manifests valid against the Kubernetes schemas, policy-clean under checkov, goldens
+for the single-node, multi-node and CPU variants, and the launcher's command lines against NVIDIA's.
+
+Built-in kinds are validated with kubernetes-validate (official schemas, strict: unknown fields fail)
+for the config's cluster version; custom resources against tests/crd_schemas.py, with a
+LeaderWorkerSet's pod templates validated as core/v1 PodTemplateSpec.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import CONFIGS, REPO
+from crd_schemas import CUSTOM
+
+from trtspec.config import DeploymentConfig, load_config, validate_config
+from trtspec.deploy import k8s
+from trtspec.deploy.compose import compose
+from trtspec.deploy.launch import mpirun_argv, orchestrator_argv, rank_argv, worker_pods
+from trtspec.deploy.topology import orchestrated, topology
+from trtspec.deploy.write import rendered_files, write_deployment
+from trtspec.errors import ConfigError, UsageError
+from trtspec.serve.server import Ports
+from trtspec.versions import DEFAULT_TRTLLM_VERSION, container_tag
+
+GOLDEN = Path(__file__).parent / "golden" / "deploy"
+VARIANTS = {
+    "single-node": "llama-3.3-70b-1b-draft-h200.yaml",
+    "multi-node": "deepseek-r1-mtp-2x8-h100.yaml",
+    "cpu": "tiny-draft-target.yaml",
+}
+ALL_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+
+
+def validate_manifest(doc: dict, version: str) -> None:
+    """Raise on any schema violation; an unknown built-in kind raises SchemaNotFoundError (never a pass)."""
+    schema = CUSTOM.get((doc["apiVersion"], doc["kind"]))
+    if schema is None:
+        kubernetes_validate.validate(doc, version, strict=True)
+        return
+    jsonschema.validate(doc, schema)
+    if doc["kind"] == "LeaderWorkerSet":
+        for role in ("leaderTemplate", "workerTemplate"):
+            template = doc["spec"]["leaderWorkerTemplate"][role]
+            pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role}, "template": template}
+            kubernetes_validate.validate(pod_template, version, strict=True)
+
+
+def manifests(cfg: DeploymentConfig) -> dict[str, list[dict]]:
+    return k8s.render(cfg)
+
+
+def by_kind(cfg: DeploymentConfig) -> dict[str, dict]:
+    return {doc["kind"]: doc for docs in manifests(cfg).values() for doc in docs}
+
+
+def variant(base: str, **changes: dict) -> DeploymentConfig:
+    """A config from configs/ with sections changed, validated as a user's would be."""
+    data = yaml.safe_load((CONFIGS / base).read_text())
+    for section, values in changes.items():
+        data.setdefault(section, {}).update(values)
+    return validate_config(data, source=CONFIGS / base)
+
+
+def containers(doc: dict) -> list[dict]:
+    if doc["kind"] == "LeaderWorkerSet":
+        t = doc["spec"]["leaderWorkerTemplate"]
+        return [*t["leaderTemplate"]["spec"]["containers"], *t["workerTemplate"]["spec"]["containers"]]
+    return doc["spec"]["template"]["spec"]["containers"]
+
+
+# ---- schemas
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_every_rendered_manifest_validates_for_the_configured_cluster_version(name):
+    cfg = load_config(CONFIGS / name)
+    files = manifests(cfg)
+    for file, docs in files.items():
+        for doc in docs:
+            if doc["kind"] == "Kustomization":
+                assert doc["resources"] == [f for f in files if f != "kustomization.yaml"]
+                continue
+            validate_manifest(doc, cfg.deploy.kubernetes_version)
+            assert doc["metadata"].get("namespace", cfg.deploy.namespace) == cfg.deploy.namespace, file
+
+
+def test_schema_validation_rejects_mistakes():
+    """The validators are strict: a misplaced field in a built-in kind, a custom resource or a pod
+    template inside a LeaderWorkerSet each fails."""
+    kinds = by_kind(load_config(CONFIGS / VARIANTS["multi-node"]))
+    bad_service = copy.deepcopy(kinds["Service"])
+    bad_service["spec"]["ports"][0]["containerPort"] = 8000  # a Pod field, not a ServicePort one
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_manifest(bad_service, "1.30")
+    bad_lws = copy.deepcopy(kinds["LeaderWorkerSet"])
+    bad_lws["spec"]["leaderWorkerTemplate"]["groupSize"] = 2
+    with pytest.raises(jsonschema.ValidationError):
+        validate_manifest(bad_lws, "1.30")
+    bad_pod = copy.deepcopy(kinds["LeaderWorkerSet"])
+    bad_pod["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["gpus"] = 8
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_manifest(bad_pod, "1.30")
+    bad_monitor = copy.deepcopy(kinds["PodMonitor"])
+    bad_monitor["spec"]["podMetricsEndpoints"][0]["paht"] = "/metrics"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_manifest(bad_monitor, "1.30")
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        validate_manifest({"apiVersion": "apps/v1", "kind": "Deploymnet", "metadata": {"name": "x"}}, "1.30")
+
+
+# ---- shape
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "per_node", "pods", "gpus"),
+    [(1, 1, 8, 1, 1), (4, 1, 8, 1, 4), (8, 1, 8, 1, 8), (16, 1, 8, 2, 8), (8, 2, 8, 2, 8), (32, 1, 8, 4, 8)],
+)
+def test_gpus_per_pod_and_group_size_follow_tp_x_pp(tp, pp, per_node, pods, gpus):
+    cfg = variant(VARIANTS["multi-node"], build={"tp": tp, "pp": pp}, deploy={"gpus_per_node": per_node})
+    kinds = by_kind(cfg)
+    if pods == 1:
+        assert "LeaderWorkerSet" not in kinds
+        server = kinds["Deployment"]
+    else:
+        server = kinds["LeaderWorkerSet"]
+        assert server["spec"]["leaderWorkerTemplate"]["size"] == pods
+    for c in containers(server):
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == gpus == c["resources"]["requests"]["nvidia.com/gpu"]
+    assert kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == gpus
+
+
+def test_a_group_that_does_not_fill_whole_nodes_is_refused():
+    with pytest.raises(ConfigError, match=r"deploy.gpus_per_node: tp x pp = 12 spans nodes"):
+        variant(VARIANTS["multi-node"], build={"tp": 12})
+
+
+def test_single_node_deployment_follows_nvidias_chart():
+    cfg = load_config(CONFIGS / VARIANTS["single-node"])
+    kinds = by_kind(cfg)
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert [p["containerPort"] for p in c["ports"]] == [8000, 8001, 8002]
+    assert c["startupProbe"]["httpGet"]["path"] == c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert c["args"] == ["serve"] and kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["args"] == ["build"]
+    assert kinds["Service"]["spec"]["selector"] == kinds["Deployment"]["spec"]["selector"]["matchLabels"]
+    endpoint = {"port": "metrics", "path": "/metrics", "interval": "15s"}
+    assert kinds["PodMonitor"]["spec"]["podMetricsEndpoints"] == [endpoint]
+    hpa = kinds["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": cfg.name}
+    metric = hpa["metrics"][0]["pods"]
+    assert metric["metric"]["name"] == "triton:queue_compute:ratio" and metric["target"]["averageValue"] == "1000m"
+    (rule,) = kinds["PrometheusRule"]["spec"]["groups"][0]["rules"]
+    assert rule["record"] == "triton:queue_compute:ratio"
+    assert "nv_inference_queue_duration_us" in rule["expr"] and "nv_inference_compute_infer_duration_us" in rule["expr"]
+
+
+def test_hugging_face_token_is_referenced_never_inlined(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", "hf_NotARealTokenButSecret")
+    cfg = load_config(CONFIGS / VARIANTS["multi-node"])
+    for target in ("k8s", "docker"):
+        text = "".join(rendered_files(cfg, target, tmp_path).values())
+        assert "hf_NotARealTokenButSecret" not in text and "HF_TOKEN_PATH" in text
+    kinds = by_kind(cfg)
+    volumes = kinds["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["volumes"]
+    secret = next(v["secret"] for v in volumes if "secret" in v)
+    assert secret == {"secretName": "hf-token", "items": [{"key": "HF_TOKEN", "path": "token"}]}
+    assert all(doc["kind"] != "Secret" for doc in kinds.values())
+
+
+def test_multi_node_group_serves_from_the_leader_with_exec_rbac():
+    cfg = load_config(CONFIGS / VARIANTS["multi-node"])
+    kinds = by_kind(cfg)
+    t = kinds["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    leader, worker = t["leaderTemplate"], t["workerTemplate"]
+    assert leader["spec"]["containers"][0]["args"] == ["leader"]
+    assert worker["spec"]["containers"][0]["args"] == ["worker"]
+    assert "ports" not in worker["spec"]["containers"][0]
+    role = {"trtspec.dev/role": "leader"}
+    assert kinds["Service"]["spec"]["selector"].items() >= role.items()
+    assert kinds["PodMonitor"]["spec"]["selector"]["matchLabels"].items() >= role.items()
+    assert leader["metadata"]["labels"].items() >= kinds["Service"]["spec"]["selector"].items()
+    assert not worker["metadata"]["labels"].items() >= kinds["Service"]["spec"]["selector"].items()
+    assert kinds["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+    rules = kinds["Role"]["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]} in rules
+    assert leader["spec"]["serviceAccountName"] == kinds["ServiceAccount"]["metadata"]["name"]
+    env = {e["name"]: e for e in leader["spec"]["containers"][0]["env"]}
+    assert "group-key" in env["GROUP_KEY"]["valueFrom"]["fieldRef"]["fieldPath"]
+    job_env = {e["name"] for e in kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "TRTSPEC_SKIP_WARM_UP" in job_env  # one build pod cannot load a model that spans nodes
+    assert kinds["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_cpu_variant_asks_for_no_gpu():
+    kinds = by_kind(load_config(CONFIGS / VARIANTS["cpu"]))
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+    assert "tolerations" not in pod and "affinity" not in pod
+    assert pod["containers"][0]["image"].endswith("-cpu")
+
+
+def test_pods_run_non_root_with_a_read_only_root_filesystem():
+    for name in VARIANTS.values():
+        for doc in by_kind(load_config(CONFIGS / name)).values():
+            if doc["kind"] not in {"Deployment", "Job", "LeaderWorkerSet"}:
+                continue
+            for c in containers(doc):
+                sc = c["securityContext"]
+                assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+                assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+
+
+# ---- goldens
+
+
+def _rendered(name: str, target: str, tmp_path: Path) -> dict[str, str]:
+    cfg = load_config(CONFIGS / name)
+    return rendered_files(cfg, target, tmp_path / "out")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", sorted(VARIANTS))
+def test_k8s_goldens(key, tmp_path):
+    rendered = _rendered(VARIANTS[key], "k8s", tmp_path)
+    golden = GOLDEN / key
+    if os.environ.get("TRTSPEC_UPDATE_GOLDEN") == "1":
+        shutil.rmtree(golden, ignore_errors=True)
+        for file, text in rendered.items():
+            (golden / file).parent.mkdir(parents=True, exist_ok=True)
+            (golden / file).write_text(text)
+    assert sorted(rendered) == sorted(p.name for p in golden.iterdir())
+    for file, text in rendered.items():
+        assert text == (golden / file).read_text(), f"{key}/{file} differs (TRTSPEC_UPDATE_GOLDEN=1 rewrites)"
+
+
+# ---- launcher command lines
+
+
+def test_ranks_follow_launch_triton_server_py():
+    """The per-rank blocks of TensorRT-LLM's scripts/launch_triton_server.py (reference §1.12)."""
+    ports = Ports(8000, 8001, 8002)
+    assert rank_argv(0, Path("/r"), ports, ["tensorrt_llm"], False) == [
+        "-n", "1", "/opt/tritonserver/bin/tritonserver", "--model-repository=/r",
+        "--grpc-port=8001", "--http-port=8000", "--metrics-port=8002",
+        "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix0_",
+    ]  # fmt: skip
+    assert rank_argv(2, Path("/r"), ports, ["tensorrt_llm"], True) == [
+        "-n", "1", "trtllm-llmapi-launch", "/opt/tritonserver/bin/tritonserver", "--model-repository=/r",
+        "--model-control-mode=explicit", "--load-model=tensorrt_llm",
+        "--grpc-port=8001", "--http-port=8000", "--metrics-port=8002",
+        "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix2_",
+    ]  # fmt: skip
+
+
+def test_compiled_engines_at_tp2_start_one_rank_per_gpu():
+    cfg = variant("llama-3.1-405b-3b-draft-tp4.yaml", speculation={"mode": "none"}, build={"tp": 2})
+    cfg.draft = None
+    argv = mpirun_argv(cfg, Path("/r"), Ports())
+    assert argv[:2] == ["mpirun", "--allow-run-as-root"]
+    assert argv.count(":") == 1 and argv.count("/opt/tritonserver/bin/tritonserver") == 2
+    assert argv[argv.index(":") + 1 :].count("--load-model=tensorrt_llm") == 1
+
+
+def test_compiled_draft_target_runs_in_orchestrator_mode_on_one_node():
+    cfg = load_config(CONFIGS / "llama-3.1-405b-3b-draft-tp4.yaml")
+    assert orchestrated(cfg) and topology(cfg).mpi_ranks == 1
+    argv = orchestrator_argv(cfg, Path("/r"), Ports())
+    assert argv[0] == "/opt/tritonserver/bin/tritonserver"
+    assert "--pinned-memory-pool-byte-size=0" in argv and "--enable-peer-access=false" in argv
+    assert [a for a in argv if a.startswith("--cuda-memory-pool-byte-size")] == [
+        f"--cuda-memory-pool-byte-size={j}:0" for j in range(4)
+    ]
+    wide = variant("llama-3.1-405b-3b-draft-tp4.yaml", build={"tp": 8}, deploy={"gpus_per_node": 4})
+    with pytest.raises(UsageError, match="orchestrator mode, which works on one node only"):
+        rendered_files(wide, "k8s", Path("/tmp/x"))
+
+
+def test_multi_node_leader_starts_every_rank_over_kubessh():
+    cfg = load_config(CONFIGS / VARIANTS["multi-node"])
+    hosts = worker_pods("deepseek-r1-mtp-2node-0", 2)
+    assert hosts == ["deepseek-r1-mtp-2node-0", "deepseek-r1-mtp-2node-0-1"]
+    argv = mpirun_argv(cfg, Path("/workspace/model_repository/x"), Ports(), hosts)
+    i = argv.index("plm_rsh_agent")
+    assert argv[i + 1] == "kubessh"
+    assert argv[argv.index("--host") + 1] == "deepseek-r1-mtp-2node-0:8,deepseek-r1-mtp-2node-0-1:8"
+    assert argv.count("trtllm-llmapi-launch") == 16 and argv.count(":") == 15
+
+
+# ---- docker
+
+
+def test_dockerfile_default_tag_is_the_default_trtllm_version():
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    assert f"ARG TRITON_TAG={container_tag(DEFAULT_TRTLLM_VERSION)}\n" in text
+    assert "FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-trtllm-python-py3" in text
+    for name in ("Dockerfile", "Dockerfile.cpu"):
+        body = (REPO / "docker" / name).read_text()
+        assert "\nUSER 1000:1000\n" in body and "HEALTHCHECK" in body and "/v2/health/ready" in body
+
+
+def test_compose_builds_the_image_for_the_configured_version(tmp_path):
+    cfg = variant(VARIANTS["single-node"], build={"tensorrt_llm_version": "1.1.0"})
+    doc = compose(cfg, tmp_path)
+    build = doc["services"]["build"]["build"]
+    assert build["args"] == {"TRITON_TAG": "26.02"} and build["dockerfile"] == "docker/Dockerfile"
+    assert (tmp_path / build["context"]).resolve() == REPO
+    assert doc["services"]["triton"]["depends_on"] == {"build": {"condition": "service_completed_successfully"}}
+    gpu = doc["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["count"] == topology(cfg).gpus_per_pod
+    cpu = compose(load_config(CONFIGS / VARIANTS["cpu"]), tmp_path)
+    assert cpu["services"]["build"]["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+    assert "deploy" not in cpu["services"]["triton"]
+
+
+# ---- CLI
+
+
+def test_deploy_cli_writes_and_refuses_to_overwrite(runner, tmp_path):
+    from trtspec.cli import cli
+
+    out = tmp_path / "k8s"
+    res = runner.invoke(cli, ["deploy", str(CONFIGS / VARIANTS["multi-node"]), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "2 pod(s) x 8 GPU(s)" in res.output and (out / "leaderworkerset.yaml").is_file()
+    before = (out / "service.yaml").read_text()
+    res = runner.invoke(cli, ["deploy", str(CONFIGS / VARIANTS["cpu"]), "--out", str(out)])
+    assert res.exit_code == 2 and "not empty (use --force" in res.output and len(res.output.strip().splitlines()) == 1
+    assert (out / "service.yaml").read_text() == before
+    res = runner.invoke(cli, ["deploy", str(CONFIGS / VARIANTS["cpu"]), "--out", str(out), "--force"])
+    assert res.exit_code == 0 and not (out / "leaderworkerset.yaml").exists()
+    res = runner.invoke(cli, ["deploy", str(CONFIGS / VARIANTS["cpu"]), "--target", "docker", "--out", str(out)])
+    assert res.exit_code == 2  # still not empty
+    docker = tmp_path / "d"
+    res = runner.invoke(cli, ["deploy", str(CONFIGS / VARIANTS["cpu"]), "--target", "docker", "--out", str(docker)])
+    assert res.exit_code == 0, res.output
+    in_container = yaml.safe_load((docker / "trtspec.yaml").read_text())
+    assert in_container["serve"]["repository"] == "/workspace/model_repository"
+
+
+def test_write_failure_leaves_the_old_directory(tmp_path, monkeypatch):
+    cfg = load_config(CONFIGS / VARIANTS["cpu"])
+    out = tmp_path / "k8s"
+    write_deployment(cfg, "k8s", out)
+    before = {p.name: p.read_text() for p in out.iterdir()}
+
+    def broken(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("trtspec.deploy.write.replace_dir", broken)
+    with pytest.raises(UsageError, match="No space left"):
+        write_deployment(cfg, "k8s", out, force=True)
+    assert {p.name: p.read_text() for p in out.iterdir()} == before
+    assert not list(tmp_path.glob(".staging-*"))
+
+
+# ---- checkov
+
+
+def _checkov() -> str:
+    found = os.environ.get("CHECKOV") or shutil.which("checkov")
+    if not found:
+        if os.environ.get("CI"):
+            pytest.fail("checkov is not installed (.ci/run installs it into .venv-checkov)")
+        pytest.skip("checkov is not installed (pip install checkov in a separate venv; set CHECKOV)")
+    return found
+
+
+def _run_checkov(*dirs: Path) -> subprocess.CompletedProcess:
+    argv = [_checkov(), "--config-file", str(REPO / ".checkov.yaml")]
+    for d in dirs:
+        argv += ["-d", str(d)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
+def test_checkov_passes_every_rendered_manifest_and_the_dockerfiles(tmp_path):
+    for name in ALL_CONFIGS:
+        write_deployment(load_config(CONFIGS / name), "k8s", tmp_path / name.removesuffix(".yaml"))
+    res = _run_checkov(tmp_path, REPO / "docker")
+    summary = [ln for ln in res.stdout.splitlines() if ln.startswith("Passed checks")]
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert len(summary) >= 2 and all("Failed checks: 0" in ln for ln in summary), summary
+    assert all(int(ln.split(",")[0].split(": ")[1]) > 0 for ln in summary)
+
+
+def test_checkov_fails_an_insecure_deployment_and_dockerfile(tmp_path):
+    kinds = by_kind(load_config(CONFIGS / VARIANTS["cpu"]))
+    deployment = kinds["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    del pod["securityContext"], pod["containers"][0]["securityContext"]
+    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump(deployment))
+    (tmp_path / "Dockerfile").write_text('FROM python:3.11-slim\nCMD ["python"]\n')
+    res = _run_checkov(tmp_path)
+    assert res.returncode != 0
+    for check in ("CKV_K8S_20", "CKV_K8S_23", "CKV_DOCKER_2", "CKV_DOCKER_3"):
+        assert check in res.stdout, check
