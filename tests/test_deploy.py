@@ -24,7 +24,7 @@ from crd_schemas import CUSTOM
 from trtspec.config import DeploymentConfig, load_config, validate_config
 from trtspec.deploy import k8s
 from trtspec.deploy.compose import compose
-from trtspec.deploy.launch import mpirun_argv, orchestrator_argv, rank_argv, worker_pods
+from trtspec.deploy.launch import mpirun_argv, orchestrator_argv, rank_argv, serve_argv, worker_pods
 from trtspec.deploy.topology import orchestrated, topology
 from trtspec.deploy.write import rendered_files, write_deployment
 from trtspec.errors import ConfigError, UsageError
@@ -171,8 +171,9 @@ def test_single_node_deployment_follows_nvidias_chart():
 def test_hugging_face_token_is_referenced_never_inlined(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", "hf_NotARealTokenButSecret")
     cfg = load_config(CONFIGS / VARIANTS["multi-node"])
-    for target in ("k8s", "docker"):
-        text = "".join(rendered_files(cfg, target, tmp_path).values())
+    one_host = variant(VARIANTS["multi-node"], build={"tp": 8})
+    for target, c in (("k8s", cfg), ("docker", one_host)):
+        text = "".join(rendered_files(c, target, tmp_path).values())
         assert "hf_NotARealTokenButSecret" not in text and "HF_TOKEN_PATH" in text
     kinds = by_kind(cfg)
     volumes = kinds["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["volumes"]
@@ -278,7 +279,8 @@ def test_compiled_draft_target_runs_in_orchestrator_mode_on_one_node():
     cfg = load_config(CONFIGS / "llama-3.1-405b-3b-draft-tp4.yaml")
     assert orchestrated(cfg) and topology(cfg).mpi_ranks == 1
     argv = orchestrator_argv(cfg, Path("/r"), Ports())
-    assert argv[0] == "/opt/tritonserver/bin/tritonserver"
+    assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
+    assert argv.count(":") == 0  # one rank: the orchestrator spawns the engines' workers itself
     assert "--pinned-memory-pool-byte-size=0" in argv and "--enable-peer-access=false" in argv
     assert [a for a in argv if a.startswith("--cuda-memory-pool-byte-size")] == [
         f"--cuda-memory-pool-byte-size={j}:0" for j in range(4)
@@ -297,6 +299,75 @@ def test_multi_node_leader_starts_every_rank_over_kubessh():
     assert argv[i + 1] == "kubessh"
     assert argv[argv.index("--host") + 1] == "deepseek-r1-mtp-2node-0:8,deepseek-r1-mtp-2node-0-1:8"
     assert argv.count("trtllm-llmapi-launch") == 16 and argv.count(":") == 15
+
+
+def test_serve_dispatch_per_backend(tmp_path):
+    """NVIDIA's backends under mpirun (as launch_triton_server.py), the torch backend through trtspec serve
+    with the launcher's load budget, never the CLI's 300 s default."""
+    repo = Path("/workspace/model_repository/x")
+    llmapi = load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml")  # 8 GPUs, one rank: the LLM API spawns workers
+    argv, env = serve_argv(llmapi, tmp_path / "c.yaml", repo, 3600)
+    assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
+    assert ":" not in argv and env == {}
+    argv, env = serve_argv(load_config(CONFIGS / "llama-3.1-405b-3b-draft-tp4.yaml"), tmp_path / "c.yaml", repo, 60)
+    assert env == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+    argv, env = serve_argv(load_config(CONFIGS / VARIANTS["cpu"]), tmp_path / "c.yaml", repo, 1800)
+    assert argv[1:5] == ["-m", "trtspec", "serve", str(tmp_path / "c.yaml")] and argv[-2:] == ["--timeout", "1800"]
+
+
+def test_launcher_errors_are_one_line(monkeypatch, capsys, tmp_path):
+    from trtspec.deploy import launch
+
+    config = tmp_path / "c.yaml"
+    config.write_text((CONFIGS / VARIANTS["multi-node"]).read_text())
+    monkeypatch.setenv("TRTSPEC_CONFIG", str(config))
+    monkeypatch.setenv("TRTSPEC_WAIT_S", "soon")
+    assert launch.main(["serve"]) == 2
+    assert capsys.readouterr().err == "error: TRTSPEC_WAIT_S must be a number, got 'soon'\n"
+    monkeypatch.setenv("TRTSPEC_WAIT_S", "1")
+    assert launch.main(["serve"]) == 2
+    assert "run `leader` in the leader pod" in capsys.readouterr().err
+    monkeypatch.delenv("HOSTNAME", raising=False)
+    monkeypatch.delenv("GROUP_KEY", raising=False)
+    assert launch.main(["leader"]) == 2
+    assert "leader needs GROUP_KEY and HOSTNAME" in capsys.readouterr().err
+    monkeypatch.setenv("GROUP_KEY", "abc")
+    monkeypatch.setenv("HOSTNAME", "pod-0")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl
+    assert launch.main(["leader"]) == 2
+    assert capsys.readouterr().err.startswith("error: kubectl get pods failed:")
+    tiny = tmp_path / "tiny.yaml"
+    data = yaml.safe_load((CONFIGS / VARIANTS["cpu"]).read_text())
+    data["serve"]["repository"] = str(tmp_path / "none")
+    tiny.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("TRTSPEC_CONFIG", str(tiny))
+    monkeypatch.setenv("TRTSPEC_WAIT_S", "0")
+    assert launch.main(["serve"]) == 2
+    assert "no model repository after 0s (has the build Job finished?)" in capsys.readouterr().err
+
+
+def test_config_change_rolls_the_pods_and_makes_a_new_build_job():
+    a = by_kind(load_config(CONFIGS / VARIANTS["single-node"]))
+    b = by_kind(variant(VARIANTS["single-node"], speculation={"num_draft_tokens": 3}))
+    digest = "trtspec.dev/config-digest"
+    assert a["Job"]["metadata"]["name"] != b["Job"]["metadata"]["name"]
+    assert len(a["Job"]["metadata"]["name"]) <= 63
+    ta, tb = a["Deployment"]["spec"]["template"], b["Deployment"]["spec"]["template"]
+    assert ta["metadata"]["annotations"][digest] != tb["metadata"]["annotations"][digest]
+    assert "replicas" not in a["Deployment"]["spec"]  # the HPA owns it
+    fixed = by_kind(variant(VARIANTS["single-node"], deploy={"replicas": 2, "autoscaling": {"enabled": False}}))
+    assert fixed["Deployment"]["spec"]["replicas"] == 2 and "HorizontalPodAutoscaler" not in fixed
+
+
+def test_pull_policy_and_bad_quantities():
+    cpu = by_kind(load_config(CONFIGS / VARIANTS["cpu"]))["Deployment"]
+    assert cpu["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+    assert cpu["metadata"]["annotations"]["checkov.io/skip1"].startswith("CKV_K8S_15=")
+    pushed = by_kind(variant(VARIANTS["cpu"], deploy={"image": "ghcr.io/acme/trtspec:0.1.0-cpu"}))["Deployment"]
+    assert pushed["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "Always"
+    assert "checkov.io/skip1" not in pushed["metadata"]["annotations"]
+    with pytest.raises(ConfigError, match=r"deploy.memory: must be a Kubernetes quantity such as 16Gi"):
+        variant(VARIANTS["cpu"], deploy={"memory": "64GB"})
 
 
 # ---- docker
@@ -323,6 +394,9 @@ def test_compose_builds_the_image_for_the_configured_version(tmp_path):
     cpu = compose(load_config(CONFIGS / VARIANTS["cpu"]), tmp_path)
     assert cpu["services"]["build"]["build"]["dockerfile"] == "docker/Dockerfile.cpu"
     assert "deploy" not in cpu["services"]["triton"]
+    assert cpu["services"]["triton"]["shm_size"] == 16 * 2**30
+    with pytest.raises(UsageError, match="compose runs one host: use --target k8s"):
+        rendered_files(load_config(CONFIGS / VARIANTS["multi-node"]), "docker", tmp_path)
 
 
 # ---- CLI

@@ -147,8 +147,18 @@ class ServeSection(_Section):
     repository: str = "model_repository"
 
 
+def _quantity(value: str) -> str:
+    if not _QUANTITY.match(value):
+        raise ValueError(f"must be a Kubernetes quantity such as 16Gi, 500Mi or 4, got {value!r}")
+    return value
+
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+Quantity = Annotated[str, AfterValidator(_quantity)]
+
+
 class StorageSection(_Section):
-    size: str = "200Gi"
+    size: Quantity = "200Gi"
     storage_class: str | None = None
 
 
@@ -183,9 +193,12 @@ class DeploySection(_Section):
     tolerations: list[Toleration] = Field(
         default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
     )
-    cpu: str | None = Field(default=None, description="CPU per pod; default max(4, GPUs), as NVIDIA's chart")
-    memory: str | None = Field(default=None, description="memory per pod; default 8Gi per CPU, as NVIDIA's chart")
-    shm_size: str = Field(default="16Gi", description="/dev/shm (a memory emptyDir) for the python backend and NCCL")
+    cpu: Quantity | None = Field(default=None, description="CPU per pod; default max(4, GPUs), as NVIDIA's chart")
+    memory: Quantity | None = Field(default=None, description="memory per pod; default 8Gi per CPU, as NVIDIA's chart")
+    shm_size: Quantity = Field(default="16Gi", description="/dev/shm (a memory emptyDir) for the python backend, NCCL")
+    monitoring_labels: dict[str, str] = Field(
+        default_factory=dict, description="labels Prometheus selects PodMonitors and rules by (release: ...)"
+    )
     image_pull_secret: str | None = None
     service_type: Literal["ClusterIP", "LoadBalancer"] = "ClusterIP"
     autoscaling: AutoscalingSection = AutoscalingSection()

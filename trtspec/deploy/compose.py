@@ -6,6 +6,7 @@ Triton release in the tag follows build.tensorrt_llm_version, like the Kubernete
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,15 @@ def source_root() -> Path:
     return root
 
 
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def compose_bytes(quantity: str) -> int:
+    """A Kubernetes quantity (validated by the config) as the byte count compose's shm_size takes."""
+    number = quantity.rstrip("kKMGTPEi")
+    return int(float(number) * _UNITS[quantity[len(number) :]])
+
+
 def compose(cfg: DeploymentConfig, out: Path) -> dict[str, Any]:
     topo = topology(cfg)
     root = source_root()
@@ -41,8 +51,7 @@ def compose(cfg: DeploymentConfig, out: Path) -> dict[str, Any]:
         "image": image_for(cfg),
         "volumes": volumes,
         "environment": {"TRTSPEC_CONFIG": str(CONFIG_PATH), "TRTSPEC_HTTP_PORT": str(cfg.serve.http_port)},
-        "shm_size": cfg.deploy.shm_size.replace("Gi", "gb").replace("Mi", "mb"),
-        "user": "1000:1000",
+        "shm_size": compose_bytes(cfg.deploy.shm_size),
     }
     if not topo.cpu_only:
         devices = [{"driver": "nvidia", "count": topo.gpus_per_pod, "capabilities": ["gpu"]}]
@@ -55,9 +64,9 @@ def compose(cfg: DeploymentConfig, out: Path) -> dict[str, Any]:
         secrets["hf_token"] = {"file": "./hf_token"}
     s = cfg.serve
     services = {
-        "build": {**common, "build": build, "command": ["build"], "restart": "no"},
+        "build": {**copy.deepcopy(common), "build": build, "command": ["build"], "restart": "no"},
         "triton": {
-            **common,
+            **copy.deepcopy(common),
             "command": ["serve"],
             "ports": [f"{p}:{p}" for p in (s.http_port, s.grpc_port, s.metrics_port)],
             "depends_on": {"build": {"condition": "service_completed_successfully"}},

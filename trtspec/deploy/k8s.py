@@ -103,7 +103,7 @@ def _container(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: 
     container: dict[str, Any] = {
         "name": "triton" if args != ["build"] else "build",
         "image": image_for(cfg),
-        "imagePullPolicy": "Always",
+        "imagePullPolicy": pull_policy(cfg),
         "args": args,
         "env": env,
         "resources": _resources(cfg, topo),
@@ -128,6 +128,21 @@ def _container(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: 
         container["livenessProbe"] = _probe("/v2/health/live", 10, 6)
     # Workers and the build Job serve nothing; the leader's probes cover a group (RecreateGroupOnPodRestart).
     return container
+
+
+def pull_policy(cfg: DeploymentConfig) -> str:
+    """Always for an image in a registry; IfNotPresent for a bare local tag (`kind load`, `minikube image
+    load`), which no registry serves: Always would fail with ErrImagePull."""
+    return "Always" if "/" in image_for(cfg) else "IfNotPresent"
+
+
+def _pod_annotations(cfg: DeploymentConfig) -> dict[str, str]:
+    """The config digest rolls the pods when the config changes; a local tag carries checkov's skip of
+    CKV_K8S_15 (pull policy Always), with the reason, on this object only."""
+    notes = {"trtspec.dev/config-digest": cfg.digest()[:16]}
+    if pull_policy(cfg) != "Always":
+        notes["checkov.io/skip1"] = "CKV_K8S_15=a bare local tag (kind/minikube image load) cannot be pulled"
+    return notes
 
 
 def _mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
@@ -219,33 +234,43 @@ def build_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
     one_pod = Topology(topo.world_size, topo.gpus_per_pod, 1, 1, topo.cpu_only)
     pod = _pod(cfg, one_pod, ["build"], False, None)
     pod["restartPolicy"] = "Never"
+    notes = _pod_annotations(cfg)
     if topo.multi_node:  # the warm-up load would need the whole group; the leader's start proves it instead
         pod["containers"][0]["env"].append({"name": SKIP_WARM_UP_ENV, "value": "1"})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _meta(cfg, f"{cfg.name}-build", "build"),
+        # Named by the config digest: a Job's template is immutable, so a changed config is a new Job.
+        # (Job names feed a 63-character label, hence the cut.)
+        "metadata": {**_meta(cfg, f"{cfg.name[:48]}-build-{cfg.digest()[:8]}", "build"), "annotations": notes},
         "spec": {
             "backoffLimit": 2,
-            "template": {"metadata": {"labels": _labels(cfg, "build")}, "spec": pod},
+            "template": {"metadata": {"labels": _labels(cfg, "build"), "annotations": notes}, "spec": pod},
         },
     }
 
 
 def deployment(cfg: DeploymentConfig, topo: Topology) -> Manifest:
     labels = _labels(cfg, "server")
+    template = {"metadata": {"labels": labels, "annotations": _pod_annotations(cfg)}}
+    spec: dict[str, Any] = {
+        **_replicas(cfg),
+        "selector": {"matchLabels": labels},
+        # GPUs are scarce: replace a pod in place rather than ask for a surge pod's GPUs.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        "template": {**template, "spec": _pod(cfg, topo, ["serve"], True, None)},
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(cfg, cfg.name, "server"),
-        "spec": {
-            "replicas": cfg.deploy.replicas,
-            "selector": {"matchLabels": labels},
-            # GPUs are scarce: replace a pod in place rather than ask for a surge pod's GPUs.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": {"metadata": {"labels": labels}, "spec": _pod(cfg, topo, ["serve"], True, None)},
-        },
+        "metadata": {**_meta(cfg, cfg.name, "server"), "annotations": _pod_annotations(cfg)},
+        "spec": spec,
     }
+
+
+def _replicas(cfg: DeploymentConfig) -> dict[str, int]:
+    """With the HPA on, replicas is its to set: a value here would undo its choice on every apply."""
+    return {} if cfg.deploy.autoscaling.enabled else {"replicas": cfg.deploy.replicas}
 
 
 def leader_worker_set(cfg: DeploymentConfig, topo: Topology) -> Manifest:
@@ -257,18 +282,18 @@ def leader_worker_set(cfg: DeploymentConfig, topo: Topology) -> Manifest:
         "kind": "LeaderWorkerSet",
         "metadata": _meta(cfg, cfg.name, "server"),
         "spec": {
-            "replicas": cfg.deploy.replicas,
+            **_replicas(cfg),
             "startupPolicy": "LeaderCreated",
             "leaderWorkerTemplate": {
                 "size": topo.pods_per_replica,
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": {
-                    "metadata": {"labels": leader_labels},
+                    "metadata": {"labels": leader_labels, "annotations": _pod_annotations(cfg)},
                     "spec": _pod(cfg, topo, ["leader"], True, account),
                 },
-                "workerTemplate": {
-                    "metadata": {"labels": worker_labels},
-                    "spec": _pod(cfg, topo, ["worker"], False, account),
+                "workerTemplate": {  # workers are exec'd into; they need no API access themselves
+                    "metadata": {"labels": worker_labels, "annotations": _pod_annotations(cfg)},
+                    "spec": _pod(cfg, topo, ["worker"], False, None),
                 },
             },
         },
@@ -343,11 +368,18 @@ def network_policy(cfg: DeploymentConfig) -> Manifest:
     }
 
 
+def _monitoring_meta(cfg: DeploymentConfig) -> dict[str, Any]:
+    """kube-prometheus-stack selects PodMonitors and rules by its release label: deploy.monitoring_labels."""
+    meta = _meta(cfg, cfg.name, "server")
+    meta["labels"].update(cfg.deploy.monitoring_labels)
+    return meta
+
+
 def pod_monitor(cfg: DeploymentConfig, topo: Topology) -> Manifest:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _meta(cfg, cfg.name, "server"),
+        "metadata": _monitoring_meta(cfg),
         "spec": {
             "selector": {"matchLabels": _serving_selector(cfg, topo)},
             "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
@@ -361,7 +393,7 @@ def prometheus_rule(cfg: DeploymentConfig) -> Manifest:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": _meta(cfg, cfg.name, "server"),
+        "metadata": _monitoring_meta(cfg),
         "spec": {"groups": [{"name": f"{cfg.name}.triton", "rules": rules}]},
     }
 

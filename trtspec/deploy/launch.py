@@ -62,16 +62,19 @@ def mpirun_argv(
     if hosts:
         slots = ",".join(f"{h}:{topo.gpus_per_pod}" for h in hosts)
         argv += ["--report-bindings", "-mca", "plm_rsh_agent", "kubessh", "--host", slots]
-    models, llmapi = trtllm_model_names(cfg), cfg.serve.flavour == "llmapi"
+    # trtllm-llmapi-launch only across nodes: on one node the LLM API spawns its own workers, and NVIDIA's
+    # documented single-node launch (launch_triton_server.py --model_repo=...) does not add it.
+    models, llmapi = trtllm_model_names(cfg), cfg.serve.flavour == "llmapi" and topo.multi_node
     for rank in range(topo.mpi_ranks):
         argv += [*rank_argv(rank, repository, ports, models, llmapi, binary), ":"]
     return argv[:-1]
 
 
 def orchestrator_argv(cfg: DeploymentConfig, repository: Path, ports: Ports, binary: str = TRITONSERVER) -> list[str]:
-    """launch_triton_server.py --multi-model (spawning on): one tritonserver, no per-GPU CUDA pools."""
+    """launch_triton_server.py --multi-model (spawning on): one rank under mpirun, no per-GPU CUDA pools;
+    its workers are spawned with MPI_Comm_spawn, which is why mpirun stays in front."""
     gpus = topology(cfg).gpus_per_pod
-    argv = rank_argv(0, repository, ports, trtllm_model_names(cfg), False, binary)[2:]  # no "-n 1"
+    argv = ["mpirun", "--allow-run-as-root", *rank_argv(0, repository, ports, trtllm_model_names(cfg), False, binary)]
     argv += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
     argv += [f"--cuda-memory-pool-byte-size={j}:0" for j in range(gpus)]
     return argv
@@ -107,20 +110,29 @@ def build(cfg: DeploymentConfig, config_path: Path) -> int:
     return subprocess.call([sys.executable, "-m", "trtspec", "build", str(config_path)])
 
 
+def serve_argv(cfg: DeploymentConfig, config_path: Path, repository: Path, load_s: float) -> tuple[list[str], dict]:
+    """NVIDIA's backends start as launch_triton_server.py starts them (under mpirun, even one rank);
+    trtspec's torch backend, which needs no MPI, through `trtspec serve` (it finds the wheel's server)."""
+    if orchestrated(cfg):
+        return orchestrator_argv(cfg, repository, _ports(cfg)), ORCHESTRATOR_ENV
+    if cfg.build.backend != "torch":
+        return mpirun_argv(cfg, repository, _ports(cfg)), {}
+    return [sys.executable, "-m", "trtspec", "serve", str(config_path), "--timeout", str(int(load_s))], {}
+
+
+def _exec(argv: list[str], env: dict[str, str]) -> int:
+    try:
+        os.execvpe(argv[0], argv, {**os.environ, **env})
+    except OSError as exc:
+        raise TrtspecError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+    return 0  # not reached
+
+
 def serve(cfg: DeploymentConfig, config_path: Path, wait_s: float) -> int:
-    topo = topology(cfg)
-    if topo.multi_node:
+    if topology(cfg).multi_node:
         raise UsageError("this deployment spans nodes: run `leader` in the leader pod and `worker` in the others")
     repository = wait_for_repository(cfg, wait_s)
-    if orchestrated(cfg):
-        argv = orchestrator_argv(cfg, repository, _ports(cfg))
-        os.execvpe(argv[0], argv, {**os.environ, **ORCHESTRATOR_ENV})
-    if topo.mpi_ranks > 1:
-        argv = mpirun_argv(cfg, repository, _ports(cfg))
-        os.execvp(argv[0], argv)
-    argv = [sys.executable, "-m", "trtspec", "serve", str(config_path)]
-    os.execv(argv[0], argv)  # trtspec serve stops tritonserver cleanly on SIGTERM
-    return 0  # not reached
+    return _exec(*serve_argv(cfg, config_path, repository, wait_s))
 
 
 def worker_pods(leader_pod: str, group_size: int) -> list[str]:
@@ -128,42 +140,43 @@ def worker_pods(leader_pod: str, group_size: int) -> list[str]:
     return [leader_pod, *(f"{leader_pod}-{i}" for i in range(1, group_size))]
 
 
-def _running_workers(group_key: str) -> int:
-    out = subprocess.run(
-        [
-            "kubectl",
-            "get",
-            "pods",
-            "-l",
-            f"{GROUP_KEY_LABEL}={group_key}",
-            "--field-selector=status.phase=Running",
-            "--no-headers",
-            "-o",
-            "name",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def _running_pods(group_key: str) -> int:
+    argv = ["kubectl", "get", "pods", "-l", f"{GROUP_KEY_LABEL}={group_key}",
+            "--field-selector=status.phase=Running", "--no-headers", "-o", "name"]  # fmt: skip
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TrtspecError(f"kubectl get pods failed: {exc}") from None
+    if out.returncode:  # RBAC "forbidden" must say so, not wait an hour
+        lines = out.stderr.strip().splitlines() or ["no output"]
+        raise TrtspecError(f"kubectl get pods failed: {lines[-1]}")
     return len([ln for ln in out.stdout.splitlines() if ln.strip()])
 
 
 def leader(cfg: DeploymentConfig, wait_s: float) -> int:
     """Wait until every pod of the group runs, then start all ranks from here (rank 0 serves)."""
     topo = topology(cfg)
-    size = int(os.environ.get("LWS_GROUP_SIZE", topo.pods_per_replica))
+    size = _env_number("LWS_GROUP_SIZE", topo.pods_per_replica, int)
     if size != topo.pods_per_replica:
         raise UsageError(f"LWS_GROUP_SIZE is {size} but tp x pp / gpus_per_node is {topo.pods_per_replica}")
-    group_key = os.environ.get("GROUP_KEY", "")
+    group_key, pod = os.environ.get("GROUP_KEY"), os.environ.get("HOSTNAME")
+    if not group_key or not pod:
+        raise UsageError("leader needs GROUP_KEY and HOSTNAME (set by the LeaderWorkerSet manifest trtspec renders)")
     deadline = time.monotonic() + wait_s
-    while _running_workers(group_key) < size:
+    while (running := _running_pods(group_key)) < size:
         if time.monotonic() > deadline:
-            raise TrtspecError(f"only {_running_workers(group_key)} of {size} pods running after {wait_s:.0f}s")
+            raise TrtspecError(f"only {running} of {size} pods of the group running after {wait_s:.0f}s")
         time.sleep(5)
     repository = wait_for_repository(cfg, wait_s)
-    argv = mpirun_argv(cfg, repository, _ports(cfg), hosts=worker_pods(os.environ["HOSTNAME"], size))
-    os.execvp(argv[0], argv)
-    return 0  # not reached
+    return _exec(mpirun_argv(cfg, repository, _ports(cfg), hosts=worker_pods(pod, size)), {})
+
+
+def _env_number(name: str, default, kind):
+    raw = os.environ.get(name)
+    try:
+        return default if raw is None else kind(raw)
+    except ValueError:
+        raise UsageError(f"{name} must be a number, got {raw!r}") from None
 
 
 def worker() -> int:
@@ -177,13 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else "all"
     config_path = Path(os.environ.get("TRTSPEC_CONFIG", str(CONFIG_PATH)))
-    wait_s = float(os.environ.get("TRTSPEC_WAIT_S", "3600"))
     if command == "worker":
         return worker()
     if command not in {"build", "serve", "all", "leader"}:
         print(f"trtspec launcher: unknown command {command!r} (build, serve, all, leader, worker)", file=sys.stderr)
         return 2
     try:
+        wait_s = _env_number("TRTSPEC_WAIT_S", 3600.0, float)
         cfg = load_config(config_path)
         if command in {"build", "all"}:
             code = build(cfg, config_path)

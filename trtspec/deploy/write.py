@@ -44,6 +44,11 @@ def rendered_files(cfg: DeploymentConfig, target: Target, out: Path) -> dict[str
         )
     if target == "k8s":
         return {name: _yaml(docs, cfg) for name, docs in k8s.render(cfg).items()}
+    if topology(cfg).multi_node:
+        raise UsageError(
+            f"tp x pp = {cfg.build.tp * cfg.build.pp} spans more than one host of {cfg.deploy.gpus_per_node} GPUs;"
+            " compose runs one host: use --target k8s (a LeaderWorkerSet)"
+        )
     return {
         "compose.yaml": _yaml([compose.compose(cfg, out)], cfg),
         "trtspec.yaml": _yaml([k8s.cluster_config(cfg)], cfg),
