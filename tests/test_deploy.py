@@ -480,3 +480,15 @@ def test_checkov_fails_an_insecure_deployment_and_dockerfile(tmp_path):
     assert res.returncode != 0
     for check in ("CKV_K8S_20", "CKV_K8S_23", "CKV_DOCKER_2", "CKV_DOCKER_3"):
         assert check in res.stdout, check
+
+
+def test_local_checkpoints_are_expected_on_the_volume(tmp_path):
+    from trtspec.assets import EMBEDDED_CHECKPOINTS
+
+    shutil.copytree(EMBEDDED_CHECKPOINTS["tiny-target"], tmp_path / "my-target")
+    data = yaml.safe_load((CONFIGS / "tiny-baseline.yaml").read_text())
+    data["target"]["checkpoint"] = str(tmp_path / "my-target")
+    cfg = validate_config(data)
+    assert k8s.cluster_config(cfg)["target"]["checkpoint"] == "/workspace/checkpoints/my-target"
+    volumes = compose(cfg, tmp_path)["services"]["build"]["volumes"]
+    assert f"{tmp_path / 'my-target'}:/workspace/checkpoints/my-target:ro" in volumes

@@ -46,7 +46,7 @@ def compose(cfg: DeploymentConfig, out: Path) -> dict[str, Any]:
     if not topo.cpu_only:
         build["args"] = {"TRITON_TAG": container_tag(cfg.build.tensorrt_llm_version)}
     volumes = [f"./{CONFIG_PATH.name}:{CONFIG_PATH}:ro", f"./workspace:{WORKSPACE}"]
-    volumes += [f"{local}:{inside}:ro" for local, inside in local_checkpoints(cfg).items()]
+    volumes += [f"{local}:{inside}:ro" for moved in local_checkpoints(cfg).values() for local, inside in moved.items()]
     common: dict[str, Any] = {
         "image": image_for(cfg),
         "volumes": volumes,

@@ -30,24 +30,8 @@ LWS_API = "leaderworkerset.x-k8s.io/v1"
 GROUP_KEY_FIELD = "metadata.labels['leaderworkerset.sigs.k8s.io/group-key']"
 
 
-def cluster_config(cfg: DeploymentConfig) -> dict[str, Any]:
-    """The config as the pods read it: engines and repository on the shared volume, local
-    checkpoints under /workspace/checkpoints (copy them there), embedded ones and hub ids as they are."""
-    data = cfg.model_dump(mode="json", exclude_none=True)
-    data["build"]["output_dir"] = str(WORKSPACE / "engines")
-    data["serve"]["repository"] = str(WORKSPACE / "model_repository")
-    for role in ("target", "draft"):
-        section = getattr(cfg, role)
-        if section is None or section.checkpoint.startswith("embedded:"):
-            continue
-        local = cfg.checkpoint_path(section)
-        if local is not None:
-            data[role]["checkpoint"] = str(WORKSPACE / "checkpoints" / local.name)
-    return data
-
-
-def local_checkpoints(cfg: DeploymentConfig) -> dict[str, str]:
-    """Local checkpoint dir -> where the pods expect it on the volume (the README step copies it)."""
+def local_checkpoints(cfg: DeploymentConfig) -> dict[str, dict[str, str]]:
+    """Role -> {local dir: where the pods expect it on the volume} (the README step copies it there)."""
     moved = {}
     for role in ("target", "draft"):
         section = getattr(cfg, role)
@@ -55,8 +39,19 @@ def local_checkpoints(cfg: DeploymentConfig) -> dict[str, str]:
             continue
         local = cfg.checkpoint_path(section)
         if local is not None:
-            moved[str(local)] = str(WORKSPACE / "checkpoints" / local.name)
+            moved[role] = {str(local): str(WORKSPACE / "checkpoints" / local.name)}
     return moved
+
+
+def cluster_config(cfg: DeploymentConfig) -> dict[str, Any]:
+    """The config as the pods read it: engines and repository on the shared volume, local
+    checkpoints under /workspace/checkpoints, embedded ones and hub ids as they are."""
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    data["build"]["output_dir"] = str(WORKSPACE / "engines")
+    data["serve"]["repository"] = str(WORKSPACE / "model_repository")
+    for role, moved in local_checkpoints(cfg).items():
+        data[role]["checkpoint"] = next(iter(moved.values()))
+    return data
 
 
 def _labels(cfg: DeploymentConfig, component: str) -> dict[str, str]:
