@@ -23,6 +23,8 @@ import pytest
 import yaml
 from conftest import CONFIGS
 
+from trtspec.bench.server_metrics import SpecCounters, scrape, total
+from trtspec.repository import spec_metrics
 from trtspec.serve.locate import find_tritonserver
 from trtspec.serve.server import free_ports
 
@@ -57,6 +59,7 @@ class Served:
     mode: str
     k: int
     decoupled: bool
+    metrics: str
 
     @property
     def model(self) -> str:
@@ -102,7 +105,7 @@ def servers(tmp_path_factory):
         k = int(data["speculation"].get("num_draft_tokens", 0)) if mode != "none" else 0
         started[key] = Served(
             key, config, f"localhost:{http}", f"localhost:{grpc}", data["serve"]["flavour"], mode, k,
-            decoupled=data["serve"]["streaming"],
+            decoupled=data["serve"]["streaming"], metrics=f"http://localhost:{metrics}/metrics",
         )  # fmt: skip
         return started[key]
 
@@ -260,3 +263,36 @@ def test_speculative_and_baseline_repositories_serve_side_by_side(servers):
         # greedy speculation is lossless: the same text as the baseline, with drafts behind it
         assert a["text_output"] == b["text_output"]
         assert a["total_draft_tokens"] > 0 and b["total_draft_tokens"] == 0
+
+
+def histogram(samples, name: str, **labels) -> tuple[float, float]:
+    """(count, sum) of a histogram over every label set matching `labels`."""
+    return total(samples, name + "_count", **labels), total(samples, name + "_sum", **labels)
+
+
+@pytest.mark.parametrize("key", list(REPOS))
+def test_metrics_port_counts_equal_the_sums_of_per_request_outputs(servers, key):
+    """N requests with perf outputs on: trtspec's counters on :8002 move by exactly their sums."""
+    served = servers(key)
+    before = scrape(served.metrics)
+    lengths = [6, 11, 17, 24, 32]
+    answers = [generate(served, prompt=f"{PROMPT} {i}", max_tokens=n, perf=True) for i, n in enumerate(lengths)]
+    after = scrape(served.metrics)
+    delta = SpecCounters.read(after) - SpecCounters.read(before)
+    drafted = sum(a["total_draft_tokens"] for a in answers)
+    accepted = sum(a["total_accepted_draft_tokens"] for a in answers)
+    assert (delta.draft_tokens, delta.accepted_tokens) == (drafted, accepted)
+    assert delta.requests == len(lengths)  # the BLS's calls into tensorrt_llm are not counted again
+    assert delta.speculated_requests == (len(lengths) if served.mode != "none" else 0)
+    now, then = (histogram(x, spec_metrics.ACCEPTED_LENGTH) for x in (after, before))
+    assert (now[0] - then[0], now[1] - then[1]) == (delta.steps, accepted)
+    for name in (spec_metrics.DRAFT_SECONDS, spec_metrics.VERIFY_SECONDS):
+        assert histogram(after, name)[0] - histogram(before, name)[0] == delta.steps
+    assert histogram(after, spec_metrics.TTFT_SECONDS)[0] - histogram(before, spec_metrics.TTFT_SECONDS)[0] == 5
+    if served.mode != "none":
+        # every step drafts at most K and at least one, and no request is done in fewer steps than tokens / (K+1)
+        assert drafted / served.k <= delta.steps <= drafted
+        assert delta.steps >= sum(n - 1 for n in lengths) / (served.k + 1)
+        assert delta.acceptance_rate == pytest.approx(accepted / drafted)
+    used, capacity = (total(after, spec_metrics.KV_POSITIONS, state=s) for s in ("used", "capacity"))
+    assert capacity > 0 and 0 <= used <= capacity

@@ -12,12 +12,19 @@ from trtspec.speculative.runner import SpeculativeRunner
 DECODING_MODES = {"DraftTarget": "draft-target", "Draft_Target": "draft-target", "MTP": "mtp"}
 
 
-def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, dict[str, Any]]:
-    """The runner the LLM API options describe, and the sampling defaults for requests that say nothing."""
+def decoding_mode(options: dict[str, Any]) -> str:
+    """trtspec's name for the LLM API options' speculative mode: draft-target, mtp or none."""
     spec = options.get("speculative_config") or {}
     mode = DECODING_MODES.get(spec.get("decoding_type", ""), "none") if spec else "none"
     if spec and mode == "none":
         raise UsageError(f"speculative_config.decoding_type {spec.get('decoding_type')!r} is not one trtspec runs")
+    return mode
+
+
+def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, dict[str, Any]]:
+    """The runner the LLM API options describe, and the sampling defaults for requests that say nothing."""
+    spec = options.get("speculative_config") or {}
+    mode = decoding_mode(options)
     k = int(spec.get("max_draft_len") or spec.get("num_nextn_predict_layers") or 0)
     draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
     local = options.get("trtspec", {})

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.repository.pb import PythonModel, RequestError, scalar, utf8
+from trtspec.repository.spec_metrics import BLS_REQUEST_PREFIX, SpecMetrics
 
 UNSUPPORTED = (
     "encoder_input_features",
@@ -96,6 +97,9 @@ class TensorRTLLMModel(PythonModel):
         self.end_id = eos[0] if isinstance(eos, list) else eos
         self.defaults = json.loads(p.get("trtspec_sampling", "{}"))
         self.exclude_input = p.get("exclude_input_in_output", "False").lower() == "true"
+        k = self.runner.num_draft_tokens if self.runner is not None else 0
+        mode = "mtp" if self.runner is not None else "none"
+        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, k)
 
     def _sampling(self, request):
         from trtspec.speculative.sampling import SamplingParams
@@ -111,6 +115,8 @@ class TensorRTLLMModel(PythonModel):
     def answer(self, request, sender):
         import torch
         import triton_python_backend_utils as pb_utils
+
+        from trtspec.speculative.runner import Step
 
         arrival = time.time_ns()
         for name in UNSUPPORTED:
@@ -160,6 +166,7 @@ class TensorRTLLMModel(PythonModel):
                 q = torch.from_numpy(np.array(q_logits.as_numpy(), dtype=np.float32).reshape(len(drafts), -1))
             out = self.engine.verify_drafts(prompt, drafts, q, sampling, generator, end_id, max_new)
             new, drafted, accepted = out.tokens, out.draft_tokens, out.accepted_tokens
+            steps = [Step(drafted, accepted, 0.0, (time.time_ns() - scheduled) / 1e9)]  # the caller drafted
             stream(new)
         elif self.runner is not None:
             from trtspec.speculative.runner import GenerationParams
@@ -171,13 +178,18 @@ class TensorRTLLMModel(PythonModel):
                 [prompt], params, on_tokens=lambda _row, chunk: stream([t for t in chunk if t != end_id])
             )[0]
             new = [t for t in g.tokens if t != end_id]
-            drafted, accepted = g.stats.draft_tokens, g.stats.accepted_tokens
+            drafted, accepted, steps = g.stats.draft_tokens, g.stats.accepted_tokens, g.stats.step_log
         else:
             out = self.engine.decode(
                 prompt, max_new, sampling, generator, end_id, keep_logits=want_logits, on_token=lambda t: stream([t])
             )
-            new, drafted, accepted, logits = out.tokens, 0, 0, out.logits
+            new, drafted, accepted, logits, steps = out.tokens, 0, 0, out.logits, []
         last = time.time_ns()
+        slots = self.engine.slots
+        self.metrics.kv_cache(sum(len(s.tokens) for s in slots), self.engine.max_slots * self.engine.capacity)
+        if not request.request_id().startswith(BLS_REQUEST_PREFIX):  # a BLS step: the BLS counts its request
+            first_token = first[0] or last
+            self.metrics.record(steps, (first_token - arrival) / 1e9, len(new), (last - first_token) / 1e9)
         tokens = [] if streaming else (new if exclude else prompt + new)
         outputs = self._tokens(tokens)
         if want_logits:
@@ -192,6 +204,7 @@ class TensorRTLLMModel(PythonModel):
         return [array("output_ids", [[tokens]], np.int32), array("sequence_length", [[len(tokens)]], np.int32)]
 
     def finalize(self) -> None:
+        self.metrics.close()
         self.engine = self.runner = None
 
 
@@ -277,18 +290,29 @@ class BLSModel(PythonModel):
     of successive steps), and the stop rule is the target's end token, not "draft == target".
     """
 
+    # accepted-length buckets: the BLS learns K per request, so it counts up to this and puts longer in +Inf
+    LONGEST_DRAFT_BUCKET = 8
+
     def initialize(self, args: dict[str, str]) -> None:
         p = parameters(args)
         self.target = p.get("tensorrt_llm_model_name", "tensorrt_llm")
         self.draft = p.get("tensorrt_llm_draft_model_name")
+        mode = "draft-target" if self.draft else "none"
+        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.LONGEST_DRAFT_BUCKET)
 
-    def _call(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+    def finalize(self) -> None:
+        self.metrics.close()
+
+    def _call(
+        self, model: str, inputs: dict[str, np.ndarray], outputs: list[str], request_id: str = ""
+    ) -> dict[str, np.ndarray]:
         import triton_python_backend_utils as pb_utils
 
         request = pb_utils.InferenceRequest(
             model_name=model,
             requested_output_names=outputs,
             inputs=[pb_utils.Tensor(name, value) for name, value in inputs.items()],
+            request_id=request_id,
         )
         response = request.exec()
         if response.has_error():
@@ -297,6 +321,8 @@ class BLSModel(PythonModel):
 
     def answer(self, request, sender):
         import triton_python_backend_utils as pb_utils
+
+        from trtspec.speculative.runner import Step
 
         arrival = time.time_ns()
         prompt = utf8(request, "text_input")
@@ -330,6 +356,8 @@ class BLSModel(PythonModel):
         seed = scalar(request, "seed")
         base = int(seed) if seed is not None else secrets.randbits(62)
         scheduled, first, drafted, accepted, step = time.time_ns(), 0, 0, 0, 0
+        steps: list[Step] = []
+        step_id = BLS_REQUEST_PREFIX + request.request_id()
 
         def call(model: str, tokens: list[int], out_len: int, extra: dict, outputs: list[str]) -> dict:
             inputs = {
@@ -340,12 +368,13 @@ class BLSModel(PythonModel):
                 **common,
                 **extra,
             }
-            return self._call(model, inputs, ["output_ids", "sequence_length", *outputs])
+            return self._call(model, inputs, ["output_ids", "sequence_length", *outputs], step_id)
 
         while len(seq) - n_prompt < max_tokens:
             remaining = max_tokens - (len(seq) - n_prompt)
             n = min(k, remaining - 1)
             extra: dict[str, np.ndarray] = {"seed": np.array([[(base + 2 * step + 1) % 2**63]], dtype=np.uint64)}
+            t0 = time.perf_counter()
             if n > 0:
                 d = call(
                     self.draft,
@@ -365,9 +394,11 @@ class BLSModel(PythonModel):
             else:
                 drafts = []
             out_len = len(drafts) + 1 if n > 0 else remaining
+            t1 = time.perf_counter()
             t = call(self.target, seq, out_len, extra, ["total_accepted_draft_tokens"])
             new = t["output_ids"][0][0][: int(t["sequence_length"].reshape(-1)[0])].tolist()
             m = int(t["total_accepted_draft_tokens"].reshape(-1)[0]) if drafts else 0
+            steps.append(Step(len(drafts), m, t1 - t0, time.perf_counter() - t1))
             first = first or time.time_ns()
             drafted, accepted, step = drafted + len(drafts), accepted + m, step + 1
             seq += new
@@ -385,6 +416,8 @@ class BLSModel(PythonModel):
         if not bool(scalar(request, "exclude_input_in_output", False)):
             text = prompt + text
         last = time.time_ns()
+        first = first or last
+        self.metrics.record(steps, (first - arrival) / 1e9, len(seq) - n_prompt, (last - first) / 1e9)
         outputs = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))]
-        outputs += perf_tensors(arrival, scheduled, first or last, last, drafted, accepted)
+        outputs += perf_tensors(arrival, scheduled, first, last, drafted, accepted)
         return pb_utils.InferenceResponse(outputs)

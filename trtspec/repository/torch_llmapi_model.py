@@ -22,7 +22,8 @@ class TorchLLMAPIModel(PythonModel):
     def initialize(self, args: dict[str, str]) -> None:
         from transformers import AutoTokenizer
 
-        from trtspec.repository.serving import runner_from_model_yaml
+        from trtspec.repository.serving import decoding_mode, runner_from_model_yaml
+        from trtspec.repository.spec_metrics import SpecMetrics
 
         here = Path(args["model_repository"]) / args["model_version"]
         self.options = yaml.safe_load((here / "model.yaml").read_text(encoding="utf-8"))
@@ -30,6 +31,8 @@ class TorchLLMAPIModel(PythonModel):
         self.runner, self.defaults = runner_from_model_yaml(self.options)
         self.tokenizer = AutoTokenizer.from_pretrained(self.options["model"])
         self.max_seq_len = int(self.options.get("max_seq_len") or self.runner.max_len)
+        mode = decoding_mode(self.options)
+        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.runner.num_draft_tokens)
 
     def _params(self, request):
         from trtspec.speculative.runner import GenerationParams
@@ -89,8 +92,15 @@ class TorchLLMAPIModel(PythonModel):
                     sender.send(pb_utils.InferenceResponse([string_tensor("text_output", delta)]))
 
         scheduled = time.time_ns()
-        generation = self.runner.generate([ids], params, on_tokens=on_tokens)[0]
+        self.metrics.kv_cache(len(ids) + params.max_tokens + self.runner.num_draft_tokens + 2, self.max_seq_len)
+        try:
+            generation = self.runner.generate([ids], params, on_tokens=on_tokens)[0]
+        finally:
+            self.metrics.kv_cache(0, self.max_seq_len)
         last = time.time_ns()
+        first = sent[1] or last
+        n = len(generation.tokens)
+        self.metrics.record(generation.stats.step_log, (first - arrival) / 1e9, n, (last - first) / 1e9)
         text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
         outputs = [string_tensor("text_output", text[sent[0] :] if streaming else text)]
         if not streaming and not exclude_input:
@@ -105,10 +115,11 @@ class TorchLLMAPIModel(PythonModel):
                 pb_utils.Tensor("total_draft_tokens", np.array([s.draft_tokens], dtype=np.int32)),
                 pb_utils.Tensor("arrival_time_ns", np.array([arrival], dtype=np.int64)),
                 pb_utils.Tensor("first_scheduled_time_ns", np.array([scheduled], dtype=np.int64)),
-                pb_utils.Tensor("first_token_time_ns", np.array([sent[1] or last], dtype=np.int64)),
+                pb_utils.Tensor("first_token_time_ns", np.array([first], dtype=np.int64)),
                 pb_utils.Tensor("last_token_time_ns", np.array([last], dtype=np.int64)),
             ]
         return pb_utils.InferenceResponse(outputs)
 
     def finalize(self) -> None:
+        self.metrics.close()
         self.runner = None

@@ -30,6 +30,16 @@ class GenerationParams:
     num_draft_tokens: int | None = None  # default: the runner's
 
 
+@dataclass(frozen=True)
+class Step:
+    """One target pass after the prefill as one row saw it; the server's histograms observe these."""
+
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+
+
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
@@ -42,6 +52,7 @@ class RequestStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    step_log: list[Step] = field(default_factory=list, repr=False)
 
     @property
     def acceptance_rate(self) -> float:
@@ -55,7 +66,7 @@ class RequestStats:
     def as_dict(self) -> dict:
         pos = [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position, strict=True)]
         return {
-            **self.__dict__,
+            **{k: v for k, v in self.__dict__.items() if k != "step_log"},
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_step": self.tokens_per_step,
             "acceptance_per_position": pos,
@@ -132,6 +143,7 @@ class SpeculativeRunner:
         drafted_pos = torch.zeros(batch, max(k_max, 1), dtype=torch.long)
         accepted_pos = torch.zeros_like(drafted_pos)
         stop_ids = torch.tensor(sorted(params.stop_token_ids), dtype=torch.long)
+        step_logs: list[list[Step]] = [[] for _ in range(batch)]
 
         def commit(new: torch.Tensor, count: torch.Tensor) -> None:
             """Append the first `count` of each active row's `new` tokens, honouring stops and max_tokens."""
@@ -205,6 +217,8 @@ class SpeculativeRunner:
             pos = torch.arange(k)[None, :]
             drafted_pos[:, :k] += (pos < num_drafts[:, None]) & active[:, None]
             accepted_pos[:, :k] += (pos < m[:, None]) & active[:, None]
+            for b in torch.nonzero(active).flatten().tolist():
+                step_logs[b].append(Step(int(num_drafts[b]), int(m[b]), t1 - t0, t2 - t1))
             commit(result.tokens, result.num_accepted + 1)
             if k > 0:
                 self.drafter.commit(state, old, k)
@@ -223,6 +237,7 @@ class SpeculativeRunner:
                 prefill_s=prefill_s,
                 draft_s=draft_s,
                 verify_s=verify_s,
+                step_log=step_logs[b],
             )
             generations.append(Generation(tokens, "stop" if bool(stopped[b]) else "length", stats))
         return generations

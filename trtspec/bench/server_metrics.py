@@ -1,0 +1,79 @@
+"""The server's own count of speculation, read from Triton's metrics port before and after a run.
+
+The difference of trtspec's counters over the run is the server-side acceptance, which `trtspec
+bench` reports beside the client-side figures: it covers every request the server finished in the
+window (other clients' included), and needs no perf outputs on the requests.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from trtspec.repository import spec_metrics as names
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+def parse(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition, keyed by name and label set."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return samples
+
+
+def scrape(url: str, timeout: float = 5.0) -> Samples:
+    """GET a /metrics page; a server that does not answer raises OSError with the reason."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return parse(response.read().decode("utf-8"))
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise OSError(f"cannot read server metrics from {url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of a metric over every label set that matches `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, lbl), v in samples.items() if n == name and want <= lbl)
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    requests: float
+    speculated_requests: float
+    steps: float
+    draft_tokens: float
+    accepted_tokens: float
+
+    @classmethod
+    def read(cls, samples: Samples, **labels: str) -> SpecCounters:
+        return cls(
+            requests=total(samples, names.REQUESTS, **labels),
+            speculated_requests=total(samples, names.REQUESTS, speculative="true", **labels),
+            steps=total(samples, names.STEPS, **labels),
+            draft_tokens=total(samples, names.DRAFT_TOKENS, **labels),
+            accepted_tokens=total(samples, names.ACCEPTED_TOKENS, **labels),
+        )
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        return SpecCounters(*(a - b for a, b in zip(self.__dict__.values(), other.__dict__.values(), strict=True)))
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        return 1 + self.accepted_tokens / self.steps if self.steps else None
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "acceptance_rate": self.acceptance_rate, "tokens_per_step": self.tokens_per_step}
+
+
+def exposes_spec_metrics(samples: Samples) -> bool:
+    return any(name == names.REQUESTS for name, _ in samples)

@@ -1,0 +1,112 @@
+"""Speculative-decoding figures on Triton's metrics port, through the python backend's custom metrics.
+
+Triton's TensorRT-LLM metric families have none for speculative decoding: acceptance comes back
+only per request. So the trtspec model that runs the draft/verify loop counts it: the llmapi model,
+the engine flavour's BLS (draft-target), or `tensorrt_llm` (MTP, and plain decoding through the
+ensemble). A `tensorrt_llm` call made by the BLS is one step of the BLS's request and is not counted
+again; the BLS marks those calls with BLS_REQUEST_PREFIX in their request id.
+
+Counts are per step (one target pass after the prefill that had drafts to check), so that
+acceptance rate = accepted / draft tokens and tokens per step = 1 + accepted / steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the deploy side reads the names here without importing torch
+    from trtspec.speculative.runner import Step
+
+PREFIX = "trtspec_spec_decode_"
+REQUESTS = PREFIX + "requests_total"
+STEPS = PREFIX + "steps_total"
+DRAFT_TOKENS = PREFIX + "draft_tokens_total"
+ACCEPTED_TOKENS = PREFIX + "accepted_tokens_total"
+ACCEPTED_LENGTH = PREFIX + "accepted_length"
+DRAFT_SECONDS = PREFIX + "draft_seconds"
+VERIFY_SECONDS = PREFIX + "verify_seconds"
+TTFT_SECONDS = "trtspec_time_to_first_token_seconds"
+ITL_SECONDS = "trtspec_inter_token_latency_seconds"
+KV_POSITIONS = "trtspec_kv_cache_positions"
+COUNTERS = (REQUESTS, STEPS, DRAFT_TOKENS, ACCEPTED_TOKENS)
+HISTOGRAMS = (ACCEPTED_LENGTH, DRAFT_SECONDS, VERIFY_SECONDS, TTFT_SECONDS, ITL_SECONDS)
+GAUGES = (KV_POSITIONS,)
+FAMILIES = COUNTERS + HISTOGRAMS + GAUGES
+LABELS = ("model", "version", "mode")
+SECONDS_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]
+BLS_REQUEST_PREFIX = "trtspec-bls-step:"
+DESCRIPTIONS = {
+    REQUESTS: "Requests finished, by whether any step drafted tokens (speculative=true|false)",
+    STEPS: "Target passes after the prefill that verified at least one draft token",
+    DRAFT_TOKENS: "Draft tokens proposed to the target",
+    ACCEPTED_TOKENS: "Draft tokens the target accepted",
+    ACCEPTED_LENGTH: "Draft tokens accepted per step (the target adds one token of its own)",
+    DRAFT_SECONDS: "Time spent drafting, per step",
+    VERIFY_SECONDS: "Time spent in the target's verification pass, per step",
+    TTFT_SECONDS: "From the model receiving a request to its first token (Triton's queue time not included)",
+    ITL_SECONDS: "Mean time between output tokens after the first, per request",
+    KV_POSITIONS: "Target KV-cache positions held (state=used) and the most this instance holds (state=capacity)",
+}
+
+
+class SpecMetrics:
+    """The families and this model's labelled metrics; one per model instance (stub process)."""
+
+    def __init__(self, model: str, version: str, mode: str, max_draft_tokens: int) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        kind = pb_utils.MetricFamily
+        labels = {"model": model, "version": version, "mode": mode}
+        self._families = {name: kind(name=name, description=DESCRIPTIONS[name], kind=kind.COUNTER) for name in COUNTERS}
+        self._families |= {
+            name: kind(name=name, description=DESCRIPTIONS[name], kind=kind.HISTOGRAM) for name in HISTOGRAMS
+        }
+        self._families[KV_POSITIONS] = kind(name=KV_POSITIONS, description=DESCRIPTIONS[KV_POSITIONS], kind=kind.GAUGE)
+        f = self._families
+        self.requests = {
+            flag: f[REQUESTS].Metric(labels={**labels, "speculative": str(flag).lower()}) for flag in (True, False)
+        }
+        self.steps, self.drafted, self.accepted = (f[n].Metric(labels=labels) for n in COUNTERS[1:])
+        lengths = [float(n) for n in range(max(max_draft_tokens, 1) + 1)]
+        self.accepted_length = f[ACCEPTED_LENGTH].Metric(labels=labels, buckets=lengths)
+        self.draft_seconds = f[DRAFT_SECONDS].Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.verify_seconds = f[VERIFY_SECONDS].Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.ttft = f[TTFT_SECONDS].Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.itl = f[ITL_SECONDS].Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self._labels = labels
+        self.kv: dict = {}  # made on first use: a model with no KV cache of its own (the BLS) shows none
+
+    def kv_cache(self, used: int, capacity: int) -> None:
+        if not self.kv:
+            family = self._families[KV_POSITIONS]
+            self.kv = {state: family.Metric(labels={**self._labels, "state": state}) for state in ("used", "capacity")}
+        self.kv["used"].set(used)
+        self.kv["capacity"].set(capacity)
+
+    def record(self, steps: Iterable[Step], first_token_s: float, output_tokens: int, decode_s: float) -> None:
+        """One finished request; steps without drafts (plain decoding, the last token) count only the request.
+
+        first_token_s is from the request's arrival in the model; decode_s from its first token to its last.
+        """
+        speculated = [s for s in steps if s.drafted > 0]
+        self.requests[bool(speculated)].increment(1)
+        self.ttft.observe(first_token_s)
+        if output_tokens > 1:
+            self.itl.observe(decode_s / (output_tokens - 1))
+        if not speculated:
+            return
+        self.steps.increment(len(speculated))
+        self.drafted.increment(sum(s.drafted for s in speculated))
+        self.accepted.increment(sum(s.accepted for s in speculated))
+        for s in speculated:
+            self.accepted_length.observe(s.accepted)
+            self.draft_seconds.observe(s.draft_s)
+            self.verify_seconds.observe(s.verify_s)
+
+    def close(self) -> None:
+        """Metrics before families, as the python backend requires."""
+        self.requests = self.steps = self.drafted = self.accepted = None
+        self.accepted_length = self.draft_seconds = self.verify_seconds = self.ttft = self.itl = None
+        self.kv = {}
+        self._families = {}
