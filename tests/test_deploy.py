@@ -242,7 +242,7 @@ def test_k8s_goldens(key, tmp_path):
         for file, text in rendered.items():
             (golden / file).parent.mkdir(parents=True, exist_ok=True)
             (golden / file).write_text(text)
-    assert sorted(rendered) == sorted(p.name for p in golden.iterdir())
+    assert sorted(rendered) == sorted(str(p.relative_to(golden)) for p in golden.rglob("*") if p.is_file())
     for file, text in rendered.items():
         assert text == (golden / file).read_text(), f"{key}/{file} differs (TRTSPEC_UPDATE_GOLDEN=1 rewrites)"
 
@@ -257,6 +257,7 @@ def test_ranks_follow_launch_triton_server_py():
         "-n", "1", "/opt/tritonserver/bin/tritonserver", "--model-repository=/r",
         "--grpc-port=8001", "--http-port=8000", "--metrics-port=8002",
         "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix0_",
+        "--metrics-config=histogram_latencies=true",  # trtspec's addition, for the dashboard's TTFT panel
     ]  # fmt: skip
     assert rank_argv(2, Path("/r"), ports, ["tensorrt_llm"], True) == [
         "-n", "1", "trtllm-llmapi-launch", "/opt/tritonserver/bin/tritonserver", "--model-repository=/r",
@@ -428,7 +429,7 @@ def test_write_failure_leaves_the_old_directory(tmp_path, monkeypatch):
     cfg = load_config(CONFIGS / VARIANTS["cpu"])
     out = tmp_path / "k8s"
     write_deployment(cfg, "k8s", out)
-    before = {p.name: p.read_text() for p in out.iterdir()}
+    before = {p: p.read_text() for p in out.rglob("*") if p.is_file()}
 
     def broken(*_a, **_k):
         raise OSError(28, "No space left on device")
@@ -436,7 +437,7 @@ def test_write_failure_leaves_the_old_directory(tmp_path, monkeypatch):
     monkeypatch.setattr("trtspec.deploy.write.replace_dir", broken)
     with pytest.raises(UsageError, match="No space left"):
         write_deployment(cfg, "k8s", out, force=True)
-    assert {p.name: p.read_text() for p in out.iterdir()} == before
+    assert {p: p.read_text() for p in out.rglob("*") if p.is_file()} == before
     assert not list(tmp_path.glob(".staging-*"))
 
 

@@ -180,6 +180,20 @@ class AutoscalingSection(_Section):
     )
 
 
+class MonitoringSection(_Section):
+    """Alert thresholds for the PrometheusRule `trtspec deploy` writes."""
+
+    min_acceptance: Annotated[float, _range(0.0, 1.0)] = Field(
+        default=0.5, description="alert when draft acceptance stays below this (below ~0.5 speculation costs more)"
+    )
+    max_queue_compute_ratio: Annotated[float, _range(0.001)] = Field(
+        default=2.0, description="alert when time queued per unit of compute time stays above this"
+    )
+    alert_for: Annotated[str, Field(pattern=r"^[1-9][0-9]*[smh]$")] = Field(
+        default="10m", description="how long a condition must hold before its alert fires"
+    )
+
+
 class DeploySection(_Section):
     image: str | None = Field(default=None, description="default: the Triton TRT-LLM image for the version")
     gpus_per_node: Annotated[int, _range(1, 64)] = 8
@@ -202,6 +216,7 @@ class DeploySection(_Section):
     image_pull_secret: str | None = None
     service_type: Literal["ClusterIP", "LoadBalancer"] = "ClusterIP"
     autoscaling: AutoscalingSection = AutoscalingSection()
+    monitoring: MonitoringSection = MonitoringSection()
 
 
 def _k8s_version(value: str) -> str:

@@ -10,20 +10,18 @@ PersistentVolumeClaim the servers mount; pods run non-root with a read-only root
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
 
 from trtspec.build.builder import SKIP_WARM_UP_ENV
 from trtspec.config import DeploymentConfig
+from trtspec.deploy import monitoring
 from trtspec.deploy.topology import CONFIG_PATH, WORKSPACE, Topology, image_for, topology
 
 Manifest = dict[str, Any]
 
-QUEUE_COMPUTE_RATIO = "triton:queue_compute:ratio"
-QUEUE_COMPUTE_EXPR = (
-    "rate(nv_inference_queue_duration_us[1m])/clamp_min(rate(nv_inference_compute_infer_duration_us[1m]),1)"
-)
 UID = 1000  # the triton-server user of NVIDIA's Triton images; Dockerfile.cpu creates the same
 HF_TOKEN_DIR = "/var/run/secrets/huggingface"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
@@ -378,19 +376,37 @@ def pod_monitor(cfg: DeploymentConfig, topo: Topology) -> Manifest:
         "spec": {
             "selector": {"matchLabels": _serving_selector(cfg, topo)},
             "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+            # the rules and the dashboard select this deployment's series by it
+            "podTargetLabels": ["app.kubernetes.io/instance"],
         },
     }
 
 
 def prometheus_rule(cfg: DeploymentConfig) -> Manifest:
-    """The recording rule the HPA reads through prometheus-adapter (NVIDIA's autoscaling tutorial)."""
-    rules = [{"record": QUEUE_COMPUTE_RATIO, "expr": QUEUE_COMPUTE_EXPR}]
+    """Recording rules (the queue-to-compute ratio the HPA reads through prometheus-adapter, as in NVIDIA's
+    autoscaling tutorial, and the speculation rates) and the alerts on them."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": _monitoring_meta(cfg),
-        "spec": {"groups": [{"name": f"{cfg.name}.triton", "rules": rules}]},
+        "spec": {"groups": monitoring.rule_groups(cfg)},
     }
+
+
+def dashboard_config_map(cfg: DeploymentConfig) -> Manifest:
+    """The Grafana dashboard, labelled for the dashboard sidecar of kube-prometheus-stack's Grafana."""
+    meta = _meta(cfg, f"{cfg.name}-dashboard"[:63], "monitoring")
+    meta["labels"]["grafana_dashboard"] = "1"
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "data": {dashboard_file(cfg): json.dumps(monitoring.dashboard(cfg), indent=2)},
+    }
+
+
+def dashboard_file(cfg: DeploymentConfig) -> str:
+    return f"trtspec-{cfg.name}.json"
 
 
 def autoscaler(cfg: DeploymentConfig, topo: Topology) -> Manifest:
@@ -412,7 +428,7 @@ def autoscaler(cfg: DeploymentConfig, topo: Topology) -> Manifest:
                 {
                     "type": "Pods",
                     "pods": {
-                        "metric": {"name": QUEUE_COMPUTE_RATIO},
+                        "metric": {"name": monitoring.QUEUE_COMPUTE_RATIO},
                         "target": {"type": "AverageValue", "averageValue": f"{round(a.queue_compute_ratio * 1000)}m"},
                     },
                 }
@@ -439,6 +455,7 @@ def render(cfg: DeploymentConfig) -> dict[str, list[Manifest]]:
     files["networkpolicy.yaml"] = [network_policy(cfg)]
     files["podmonitor.yaml"] = [pod_monitor(cfg, topo)]
     files["prometheusrule.yaml"] = [prometheus_rule(cfg)]
+    files["dashboard.yaml"] = [dashboard_config_map(cfg)]
     if cfg.deploy.autoscaling.enabled:
         files["hpa.yaml"] = [autoscaler(cfg, topo)]
     files["kustomization.yaml"] = [
