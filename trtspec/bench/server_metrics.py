@@ -7,23 +7,34 @@ window (other clients' included), and needs no perf outputs on the requests.
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from trtspec.repository import spec_metrics as names
 
 Samples = dict[tuple[str, frozenset], float]
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def parse(text: str) -> Samples:
-    """Every sample of a Prometheus text exposition, keyed by name and label set."""
+    """Every sample of a Prometheus text exposition, keyed by its name as exposed and its label set.
+
+    Hand-parsed because prometheus_client's parser renames counters to end in _total, and the
+    names are what the dashboard test compares.
+    """
     samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line.strip())
+        if match is None:
+            raise ValueError(f"not a Prometheus sample line: {line[:120]!r}")
+        name, labels, value = match.groups()
+        pairs = frozenset((k, bytes(v, "utf-8").decode("unicode_escape")) for k, v in _LABEL.findall(labels or ""))
+        samples[(name, pairs)] = float(value)
     return samples
 
 
