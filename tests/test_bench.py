@@ -285,3 +285,74 @@ def test_lossless_check_is_inconclusive_without_repeated_outcomes():
     assert torch.isclose(
         torch.tensor(chi_square_homogeneity(["x"] * 50 + ["y"] * 50, ["x"] * 50 + ["y"] * 50)[2]), torch.tensor(1.0)
     )
+
+
+def test_server_metrics_parse_names_as_exposed_and_escaped_labels():
+    from trtspec.bench.server_metrics import parse, total
+
+    text = (
+        "# TYPE nv_inference_count counter\n"
+        'nv_inference_count{model="a",version="1"} 3\n'
+        'nv_inference_count{model="b\\"q",version="1"} 4 1700000000000\n'
+        'h_bucket{le="+Inf"} 2\n'
+        "up 1\n"
+    )
+    samples = parse(text)
+    assert total(samples, "nv_inference_count") == 7 and total(samples, "nv_inference_count", model='b"q') == 4
+    assert ("nv_inference_count_total", frozenset({("model", "a"), ("version", "1")})) not in samples
+    assert total(samples, "up") == 1 and total(samples, "h_bucket", le="+Inf") == 2
+    with pytest.raises(ValueError, match="not a Prometheus sample"):
+        parse("this is { not metrics\n")
+
+
+def test_server_window_says_why_it_has_no_figures():
+    from trtspec.bench.server_metrics import NOT_EXPORTED, ServerWindow
+    from trtspec.serve.server import free_ports
+
+    assert ServerWindow(None).close()["available"] is False
+    dead = ServerWindow(f"http://localhost:{free_ports(1)[0]}/metrics").close()
+    assert dead["available"] is False and "cannot read server metrics" in dead["why"]
+    assert NOT_EXPORTED.startswith("the server exports no trtspec")
+
+
+def test_server_window_differences_the_counters_and_knows_nvidia_servers_have_none():
+    """A stand-in /metrics page (http.server) whose counters move between the two reads."""
+    import http.server
+    import threading
+
+    from trtspec.bench.server_metrics import NOT_EXPORTED, ServerWindow
+    from trtspec.repository import spec_metrics as m
+
+    pages = []
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = pages.pop(0).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args):
+            pass
+
+    def page(drafted: int, accepted: int, steps: int, requests: int) -> str:
+        lbl = 'model="tensorrt_llm",mode="draft-target",version="1"'
+        return (
+            f"{m.DRAFT_TOKENS}{{{lbl}}} {drafted}\n{m.ACCEPTED_TOKENS}{{{lbl}}} {accepted}\n"
+            f'{m.STEPS}{{{lbl}}} {steps}\n{m.REQUESTS}{{{lbl},speculative="true"}} {requests}\n'
+            f'{m.REQUESTS}{{{lbl},speculative="false"}} 1\n'
+        )
+
+    server = http.server.HTTPServer(("localhost", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://localhost:{server.server_port}/metrics"
+    try:
+        pages[:] = [page(100, 40, 50, 3), page(160, 70, 70, 5)]
+        got = ServerWindow(url).close()
+        assert got["available"] and (got["draft_tokens"], got["accepted_tokens"], got["steps"]) == (60, 30, 20)
+        assert got["acceptance_rate"] == 0.5 and got["tokens_per_step"] == 2.5
+        assert got["requests"] == got["speculated_requests"] == 2
+        pages[:] = ['nv_inference_count{model="tensorrt_llm",version="1"} 1\n'] * 2
+        assert ServerWindow(url).close() == {"available": False, "why": NOT_EXPORTED, "url": url}
+    finally:
+        server.shutdown()

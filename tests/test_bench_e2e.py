@@ -67,16 +67,21 @@ def grpc(server) -> str:
     return f"triton-grpc://localhost:{server.ports.grpc}/tensorrt_llm"
 
 
+def metrics(server) -> str:
+    return f"http://localhost:{server.ports.metrics}/metrics"
+
+
 def test_ab_over_grpc_with_the_lossless_check(triton):
     tmp, s = triton
     out = tmp / "ab"
     res = trtspec(
         "bench", grpc(s["spec"]), "--compare", grpc(s["base"]), "--tokenizer", TOKENIZER, "--dataset", PROMPTS,
         "--max-tokens", "24", "--concurrency", "1,2", "--num-requests", "4", "--verify-lossless",
-        "--lossless-samples", "60", "--out", str(out), cwd=tmp,
+        "--lossless-samples", "60", "--out", str(out), "--server-metrics", metrics(s["spec"]),
+        "--compare-server-metrics", metrics(s["base"]), cwd=tmp,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "lossless check: PASS" in res.stdout and "A/B" in res.stdout
+    assert "lossless check: PASS" in res.stdout and "A/B" in res.stdout and "server acc." in res.stdout
     assert {p.name for p in out.iterdir()} >= {"requests.jsonl", "summary.json", "summary.csv", "report.html"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] and len(summary["comparison"]) == 2
@@ -86,6 +91,17 @@ def test_ab_over_grpc_with_the_lossless_check(triton):
         assert a["acceptance"]["source"] == "server" and 0 < a["acceptance"]["acceptance_rate"] < 1
         assert a["acceptance"]["accepted_tokens_per_step"] > 1.0
         assert b["acceptance"]["draft_tokens"] == 0
+        # the server's own counters over the level: the same drafts as the responses reported, nothing else
+        sa, sb = a["server_metrics"], b["server_metrics"]
+        assert sa["available"] and sb["available"], (sa, sb)
+        assert (sa["draft_tokens"], sa["accepted_tokens"]) == (
+            a["acceptance"]["draft_tokens"],
+            a["acceptance"]["accepted_draft_tokens"],
+        )
+        assert sa["requests"] == sa["speculated_requests"] == 4 and sa["acceptance_rate"] == pytest.approx(
+            a["acceptance"]["acceptance_rate"]
+        )
+        assert sb["requests"] == 4 and sb["speculated_requests"] == 0 and sb["acceptance_rate"] is None
         # several tokens per streamed chunk is what speculation looks like on the wire
         assert a["tokens_per_chunk"]["mean"] > 1.2 and b["tokens_per_chunk"]["mean"] < 1.1
         assert level["client"]["A"]["ok"], level["client"]

@@ -238,3 +238,28 @@ def test_dashboard_has_the_panels_the_issue_lists(path):
     configmap = k8s.dashboard_config_map(cfg)
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert yaml.safe_load(configmap["data"][k8s.dashboard_file(cfg)]) == board
+
+
+# What NVIDIA documents for its own models (shared reference, triton-model-repository-and-k8s.md §3):
+# Triton's core counters, the TTFT histogram behind --metrics-config histogram_latencies=true, the
+# TensorRT-LLM backend's families; and dcgm-exporter's default counters for GPU memory.
+NVIDIA_DOCUMENTED = {
+    "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+    "nv_inference_exec_count", "nv_inference_pending_request_count", "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
+    "nv_inference_first_response_histogram_ms_bucket", "nv_trt_llm_kv_cache_block_metrics",
+    "nv_trt_llm_request_metrics", "nv_trt_llm_runtime_memory_metrics",
+    monitoring.DCGM_FB_USED, monitoring.DCGM_FB_FREE,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in ALL_CONFIGS if not monitoring.trtspec_models(load_config(p))], ids=lambda p: p.stem
+)
+def test_nvidia_dashboards_name_only_families_nvidia_documents(path):
+    """These cannot be served here (no TensorRT-LLM): checked against the documented names instead."""
+    board = monitoring.dashboard(load_config(path))
+    for expr in dashboard_exprs(board):
+        assert metric_names(expr) <= NVIDIA_DOCUMENTED, expr
+    assert not any(m.PREFIX in e or "trtspec_" in e for e in dashboard_exprs(board))

@@ -410,6 +410,8 @@ def serve(
     "--grace", type=click.FloatRange(0), default=30.0, help="Seconds in-flight requests get after --duration."
 )
 @click.option("--workers", default="1", help="Client processes, or auto (one per spare core, at most 4).")
+@click.option("--server-metrics", help="The target server's Triton /metrics URL (default: a config's metrics port).")
+@click.option("--compare-server-metrics", help="The baseline server's /metrics URL (default: a config's).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Results directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of tables.")
 def bench(target: str, baseline: str | None, protocol: str, host: str, **o: Any) -> None:

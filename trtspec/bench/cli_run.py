@@ -88,6 +88,7 @@ def options_from(target: str, baseline: str | None, protocol: str, host: str, o:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     targets = {"A": a.url} | ({"B": b.url} if b else {})
+    metrics = {"A": o["server_metrics"] or a.metrics_url, "B": o["compare_server_metrics"] or (b and b.metrics_url)}
     extra = {"A": a.extra | _pairs(o["extra"], "--extra")}
     if b:
         extra["B"] = b.extra | _pairs(o["compare_extra"], "--compare-extra")
@@ -99,6 +100,7 @@ def options_from(target: str, baseline: str | None, protocol: str, host: str, o:
         temperature=o["temperature"], seed=o["seed"], timeout_s=o["timeout"], grace_s=o["grace"],
         tokenizer=tokenizer, extra=extra, workers=workers, slo=slo, slo_attainment=o["slo_attainment"],
         lossless=o["verify_lossless"], lossless_samples=o["lossless_samples"],
+        metrics_urls={k: v for k, v in metrics.items() if v and k in targets},
     )  # fmt: skip
 
 

@@ -17,7 +17,8 @@ CSV_COLUMNS = (
     "level", "target", "requests", "completed", "failed", "short_outputs", "request_throughput",
     "output_token_throughput", "input_token_throughput", "ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean",
     "tpot_ms_p99", "itl_ms_mean", "itl_ms_p99", "e2e_ms_mean", "e2e_ms_p50", "e2e_ms_p99", "tokens_per_chunk_mean",
-    "acceptance_rate", "accepted_tokens_per_step", "acceptance_source", "slo_attainment", "goodput",
+    "acceptance_rate", "accepted_tokens_per_step", "acceptance_source", "server_acceptance_rate",
+    "server_tokens_per_step", "slo_attainment", "goodput",
 )  # fmt: skip
 
 
@@ -38,6 +39,11 @@ def csv_rows(summary: dict) -> list[dict]:
             row["acceptance_rate"] = acc.get("acceptance_rate")
             row["accepted_tokens_per_step"] = acc.get("accepted_tokens_per_step")
             row["acceptance_source"] = acc.get("source")
+            srv = s.get("server_metrics") or {}
+            row["server_acceptance_rate"], row["server_tokens_per_step"] = (
+                srv.get("acceptance_rate"),
+                srv.get("tokens_per_step"),
+            )
             slo = s.get("slo") or {}
             row["slo_attainment"], row["goodput"] = slo.get("attainment"), slo.get("goodput")
             rows.append(row)

@@ -18,6 +18,7 @@ from trtspec.bench.records import RecordWriter, RequestRecord
 from trtspec.bench.report import write_reports
 from trtspec.bench.schedule import Load, arrival_times
 from trtspec.bench.selfcheck import client_check
+from trtspec.bench.server_metrics import ServerWindow
 from trtspec.errors import TrtspecError
 
 PAYS_MARGIN = 1.0  # speculation pays at a level when the baseline's mean latency / its own exceeds this
@@ -48,6 +49,7 @@ class BenchOptions:
     lossless_tokens: int = 3
     lossless_temperature: float = 1.0
     lossless_prompts: int = 2
+    metrics_urls: dict[str, str] = field(default_factory=dict)  # per target label: the server's /metrics
 
 
 Progress = Callable[[str, RequestRecord | None], None]
@@ -189,10 +191,13 @@ def run_bench(opts: BenchOptions, progress: Progress) -> dict:
                     sink(r)
                     progress(name, r)
 
+                window = ServerWindow(opts.metrics_urls.get(label))
                 stats: ClientStats = run_workers(_plan(opts, label, load, "measure", items), opts.workers, report)
+                server = window.close()
                 mine = [r for r in records[start:] if r.phase == "measure"]
                 level["targets"][label] = summarize(mine, opts.slo)
                 level["targets"][label]["by_category"] = _by_category([r for r in mine if r.ok])
+                level["targets"][label]["server_metrics"] = server
                 level["targets"][label]["min_tokens_sent"] = opts.fixed_length and stats.min_tokens_supported
                 level["client"][label] = client_check(stats, opts.workers)
                 if stats.aborted:

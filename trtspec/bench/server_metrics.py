@@ -88,3 +88,38 @@ class SpecCounters:
 
 def exposes_spec_metrics(samples: Samples) -> bool:
     return any(name == names.REQUESTS for name, _ in samples)
+
+
+NOT_EXPORTED = (
+    "the server exports no trtspec_spec_decode_* families (NVIDIA's models report acceptance per request only)"
+)
+
+
+class ServerWindow:
+    """The server's counters at the start of a measured level; close() gives their change over it.
+
+    A server that cannot be read (down, wrong URL) gives `available: false` with the reason; the
+    bench goes on, since its client-side figures do not depend on this.
+    """
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.before = self._read()
+
+    def _read(self) -> Samples | str:
+        if self.url is None:
+            return "no metrics URL (bench a config, or give --server-metrics)"
+        try:
+            return scrape(self.url)
+        except (OSError, ValueError) as exc:
+            return str(exc)
+
+    def close(self) -> dict:
+        after = self._read()
+        for state in (self.before, after):
+            if isinstance(state, str):
+                return {"available": False, "why": state, "url": self.url}
+        if not exposes_spec_metrics(after):
+            return {"available": False, "why": NOT_EXPORTED, "url": self.url}
+        delta = SpecCounters.read(after) - SpecCounters.read(self.before)
+        return {"available": True, "url": self.url, **delta.as_dict()}

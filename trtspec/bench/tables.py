@@ -15,7 +15,7 @@ def print_summary(summary: dict, console: Console, out_dir) -> None:
         console.print(f"{label}: {url}")
     table = Table(title="trtspec bench")
     cols = ("level", "target", "ok/fail", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT mean", "ITL p99",
-            "e2e mean", "e2e p99", "tok/chunk", "acceptance")  # fmt: skip
+            "e2e mean", "e2e p99", "tok/chunk", "acceptance", "server acc.")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col in ("level", "target") else "right")
     for level in summary["levels"]:
@@ -29,16 +29,24 @@ def print_summary(summary: dict, console: Console, out_dir) -> None:
                 accept = "no drafts"
             else:
                 accept = "-"
+            srv = s.get("server_metrics") or {}
+            if srv.get("acceptance_rate") is not None:
+                server = f"{srv['acceptance_rate']:.2f} ({srv['tokens_per_step']:.2f} tok/step)"
+            else:
+                server = "no drafts" if srv.get("available") else "-"
             ms = {m: s.get(m) or {} for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "tokens_per_chunk")}
             table.add_row(
                 level["level"], label, f"{s['completed']}/{s['failed']}",
                 _f(s.get("request_throughput"), "{:.2f}"), _f(s.get("output_token_throughput")),
                 _f(ms["ttft_ms"].get("p50")), _f(ms["ttft_ms"].get("p99")), _f(ms["tpot_ms"].get("mean"), "{:.2f}"),
                 _f(ms["itl_ms"].get("p99")), _f(ms["e2e_ms"].get("mean")), _f(ms["e2e_ms"].get("p99")),
-                _f(ms["tokens_per_chunk"].get("mean"), "{:.2f}"), accept,
+                _f(ms["tokens_per_chunk"].get("mean"), "{:.2f}"), accept, server,
             )  # fmt: skip
     console.print(table)
-    console.print("latencies in ms, measured from each request's scheduled send time")
+    console.print(
+        "latencies in ms, measured from each request's scheduled send time; acceptance: from the responses;"
+        " server acc.: the change in the server's own counters over the level (every client's requests)"
+    )
     if summary.get("comparison"):
         ab = Table(title="A/B: A's speedup over B at each level (same prompts, same schedule)")
         for col in ("level", "latency", "TPOT", "throughput", "pays?"):

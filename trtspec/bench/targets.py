@@ -15,6 +15,7 @@ class ResolvedTarget:
     url: str
     tokenizer: str | None = None
     extra: dict = field(default_factory=dict)
+    metrics_url: str | None = None  # Triton's /metrics, for the server-side acceptance
 
 
 def served_model(cfg) -> tuple[str, dict]:
@@ -42,4 +43,5 @@ def resolve(text: str, protocol: str = "triton-grpc", host: str = "localhost") -
         raise UsageError(f"{text}: a config is served by tritonserver; give an openai target as a URL")
     port = cfg.serve.grpc_port if protocol == "triton-grpc" else cfg.serve.http_port
     tokenizer = cfg.checkpoint_path(cfg.target)
-    return ResolvedTarget(f"{protocol}://{host}:{port}/{model}", str(tokenizer) if tokenizer else None, extra)
+    metrics = f"http://{host}:{cfg.serve.metrics_port}/metrics"
+    return ResolvedTarget(f"{protocol}://{host}:{port}/{model}", str(tokenizer) if tokenizer else None, extra, metrics)
