@@ -6,15 +6,13 @@ The unit tests feed promtool series that grow as a live server's counters do; th
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIGS
+from conftest import CONFIGS, require_tool
 
 from trtspec.config import load_config
 from trtspec.deploy import k8s, monitoring
@@ -24,12 +22,7 @@ ALL_CONFIGS = sorted(CONFIGS.glob("*.yaml"))
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if not found:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed (.ci/run installs Debian's prometheus package)")
-        pytest.skip("promtool is not installed (apt-get install prometheus)")
-    return found
+    return require_tool("promtool", "apt-get install prometheus; .ci/run does")
 
 
 def write_rules(cfg, path: Path) -> Path:

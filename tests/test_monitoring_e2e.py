@@ -10,7 +10,6 @@ exposes (or dcgm-exporter's documented counters, for the GPU panel).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, REPO
+from conftest import CONFIGS, REPO, require_tool
 from safetensors.torch import load_file, save_file
 from test_monitoring import acceptance_alert_tests, dashboard_exprs, metric_names, promtool_test
 
@@ -56,12 +55,7 @@ def poor_draft(out: Path) -> Path:
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if not found:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is not installed (.ci/run installs Debian's prometheus package)")
-        pytest.skip("prometheus is not installed (apt-get install prometheus)")
-    return found
+    return require_tool("prometheus", "apt-get install prometheus; .ci/run does")
 
 
 def query(base: str, expr: str) -> list[dict]:

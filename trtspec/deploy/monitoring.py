@@ -69,39 +69,37 @@ def recording_rules(cfg: DeploymentConfig) -> list[dict[str, str]]:
     return rules
 
 
-def alert_rules(cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    mon = cfg.deploy.monitoring
-    queue = {
-        "alert": QUEUE_ALERT,
-        "expr": f"avg by ({INSTANCE_LABEL}, model) ({QUEUE_COMPUTE_RATIO}{_sel(cfg)}) > {mon.max_queue_compute_ratio}",
-        "for": mon.alert_for,
+def _alert(cfg: DeploymentConfig, name: str, expr: str, summary: str, description: str) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": cfg.deploy.monitoring.alert_for,
         "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": "{{ $labels.model }} on " + cfg.name + " queues {{ $value | humanize }}x its compute time",
-            "description": (
-                "Requests wait longer than they run: add replicas (check the HPA is not at maxReplicas), or lower"
-                " the load; at high concurrency speculation itself stops paying off."
-            ),
-        },
+        "annotations": {"summary": summary, "description": description},
     }
+
+
+def alert_rules(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    mon, s = cfg.deploy.monitoring, _sel(cfg)
+    queue = _alert(
+        cfg,
+        QUEUE_ALERT,
+        f"avg by ({INSTANCE_LABEL}, model) ({QUEUE_COMPUTE_RATIO}{s}) > {mon.max_queue_compute_ratio}",
+        "{{ $labels.model }} on " + cfg.name + " queues {{ $value | humanize }}x its compute time",
+        "Requests wait longer than they run: add replicas (check the HPA is not at maxReplicas), or lower"
+        " the load; at high concurrency speculation itself stops paying off.",
+    )
     if not trtspec_models(cfg):
         return [queue]
-    acceptance = {
-        "alert": ACCEPTANCE_ALERT,
-        "expr": f"{ACCEPTANCE}{_sel(cfg)} < {mon.min_acceptance}",
-        "for": mon.alert_for,
-        "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": (
-                "Draft acceptance on {{ $labels.model }} (" + cfg.name + ") is {{ $value | humanizePercentage }},"
-                f" below {mon.min_acceptance:.0%}"
-            ),
-            "description": (
-                "Below about 0.5 speculation costs more than it saves. Check that the draft suits this traffic"
-                " (trtspec check), lower num_draft_tokens, or redeploy with speculation.mode: none."
-            ),
-        },
-    }
+    acceptance = _alert(
+        cfg,
+        ACCEPTANCE_ALERT,
+        f"{ACCEPTANCE}{s} < {mon.min_acceptance}",
+        "Draft acceptance on {{ $labels.model }} (" + cfg.name + ") is {{ $value | humanizePercentage }},"
+        f" below {mon.min_acceptance:.0%}",
+        "Below about 0.5 speculation costs more than it saves. Check that the draft suits this traffic"
+        " (trtspec check), lower num_draft_tokens, or redeploy with speculation.mode: none.",
+    )
     return [acceptance, queue]
 
 
