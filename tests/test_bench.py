@@ -295,9 +295,14 @@ def test_server_metrics_parse_names_as_exposed_and_escaped_labels():
         'nv_inference_count{model="a",version="1"} 3\n'
         'nv_inference_count{model="b\\"q",version="1"} 4 1700000000000\n'
         'h_bucket{le="+Inf"} 2\n'
+        "# HELP up whether the target answered\n"
         "up 1\n"
+        'odd{model="modèle",path="a\\\\b\\nc"} NaN\n'
+        "inf +Inf\n"
     )
     samples = parse(text)
+    assert ("odd", frozenset({("model", "modèle"), ("path", "a\\b\nc")})) in samples
+    assert total(samples, "inf") == float("inf")
     assert total(samples, "nv_inference_count") == 7 and total(samples, "nv_inference_count", model='b"q') == 4
     assert ("nv_inference_count_total", frozenset({("model", "a"), ("version", "1")})) not in samples
     assert total(samples, "up") == 1 and total(samples, "h_bucket", le="+Inf") == 2

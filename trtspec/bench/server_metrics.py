@@ -7,6 +7,7 @@ window (other clients' included), and needs no perf outputs on the requests.
 
 from __future__ import annotations
 
+import http.client
 import re
 import urllib.error
 import urllib.request
@@ -17,6 +18,11 @@ from trtspec.repository import spec_metrics as names
 Samples = dict[tuple[str, frozenset], float]
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _unescape(value: str) -> str:
+    """The exposition format escapes only backslash, double quote and newline in label values."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
 
 
 def parse(text: str) -> Samples:
@@ -33,7 +39,7 @@ def parse(text: str) -> Samples:
         if match is None:
             raise ValueError(f"not a Prometheus sample line: {line[:120]!r}")
         name, labels, value = match.groups()
-        pairs = frozenset((k, bytes(v, "utf-8").decode("unicode_escape")) for k, v in _LABEL.findall(labels or ""))
+        pairs = frozenset((k, _unescape(v)) for k, v in _LABEL.findall(labels or ""))
         samples[(name, pairs)] = float(value)
     return samples
 
@@ -43,7 +49,7 @@ def scrape(url: str, timeout: float = 5.0) -> Samples:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return parse(response.read().decode("utf-8"))
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+    except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as exc:
         raise OSError(f"cannot read server metrics from {url}: {getattr(exc, 'reason', exc)}") from None
 
 
@@ -119,7 +125,9 @@ class ServerWindow:
         for state in (self.before, after):
             if isinstance(state, str):
                 return {"available": False, "why": state, "url": self.url}
-        if not exposes_spec_metrics(after):
+        if not exposes_spec_metrics(after) or not exposes_spec_metrics(self.before):
             return {"available": False, "why": NOT_EXPORTED, "url": self.url}
         delta = SpecCounters.read(after) - SpecCounters.read(self.before)
+        if any(v < 0 for v in delta.__dict__.values()):
+            return {"available": False, "why": "the server's counters went back: it restarted during the level"}
         return {"available": True, "url": self.url, **delta.as_dict()}

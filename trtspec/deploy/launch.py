@@ -50,9 +50,8 @@ def rank_argv(
         "--disable-auto-complete-config",
         f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
     ]
-    if (
-        rank == 0
-    ):  # trtspec's one addition: the TTFT histogram (nv_inference_first_response_histogram_ms) the dashboard reads
+    # trtspec's one addition: the TTFT histogram (nv_inference_first_response_histogram_ms) the dashboard reads
+    if rank == 0:
         argv.append("--metrics-config=histogram_latencies=true")
     return argv
 

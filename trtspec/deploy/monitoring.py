@@ -17,7 +17,7 @@ from trtspec.repository import spec_metrics as m
 
 INSTANCE_LABEL = "app_kubernetes_io_instance"  # the pods' app.kubernetes.io/instance, as Prometheus names it
 QUEUE_COMPUTE_RATIO = "triton:queue_compute:ratio"
-ACCEPTANCE = "trtspec:spec_decode_acceptance_rate:rate5m"
+ACCEPTANCE = "trtspec:spec_decode_acceptance:ratio_rate5m"
 TOKENS_PER_STEP = "trtspec:spec_decode_tokens_per_step:rate5m"
 DRAFT_PER_STEP = "trtspec:spec_decode_draft_seconds_per_step:rate5m"
 VERIFY_PER_STEP = "trtspec:spec_decode_verify_seconds_per_step:rate5m"
@@ -48,7 +48,7 @@ def recording_rules(cfg: DeploymentConfig) -> list[dict[str, str]]:
     The queue-to-compute ratio keeps every label of its series (per pod), as the HPA reads it through
     prometheus-adapter; its expression is NVIDIA's autoscaling tutorial's, scoped to this deployment.
     """
-    by, s = f"{INSTANCE_LABEL}, model, mode", _sel(cfg)
+    by, s = f"namespace, {INSTANCE_LABEL}, model, mode", _sel(cfg)  # namespace: set by the PodMonitor
     queue = (
         f"rate(nv_inference_queue_duration_us{s}[1m])/clamp_min(rate(nv_inference_compute_infer_duration_us{s}[1m]),1)"
     )
@@ -84,7 +84,7 @@ def alert_rules(cfg: DeploymentConfig) -> list[dict[str, Any]]:
     queue = _alert(
         cfg,
         QUEUE_ALERT,
-        f"avg by ({INSTANCE_LABEL}, model) ({QUEUE_COMPUTE_RATIO}{s}) > {mon.max_queue_compute_ratio}",
+        f"avg by (namespace, {INSTANCE_LABEL}, model) ({QUEUE_COMPUTE_RATIO}{s}) > {mon.max_queue_compute_ratio}",
         "{{ $labels.model }} on " + cfg.name + " queues {{ $value | humanize }}x its compute time",
         "Requests wait longer than they run: add replicas (check the HPA is not at maxReplicas), or lower"
         " the load; at high concurrency speculation itself stops paying off.",
@@ -234,10 +234,10 @@ def dashboard(cfg: DeploymentConfig) -> dict[str, Any]:
         _panel(
             "Queue time vs compute time",
             [
-                (f"sum by (model) (rate(nv_inference_queue_duration_us{s}[{w}])) / 1e6", "queued {{model}}"),
-                (f"sum by (model) (rate(nv_inference_compute_infer_duration_us{s}[{w}])) / 1e6", "computing {{model}}"),
+                (f"sum by (model) (rate(nv_inference_queue_duration_us{s}[{w}])) / 1e6", "queued s/s {{model}}"),
+                (f"sum by (model) (rate(nv_inference_compute_infer_duration_us{s}[{w}])) / 1e6", "computing s/s {{model}}"),
             ],
-            "s",
+            "none",
             0,
             y,
         ),
@@ -254,6 +254,8 @@ def dashboard(cfg: DeploymentConfig) -> dict[str, Any]:
                 y + 8,
             )
         )
+    for number, panel in enumerate(panels, 1):
+        panel["id"] = number
     return {
         "title": f"trtspec: {cfg.name}",
         "uid": f"trtspec-{cfg.name}"[:40],

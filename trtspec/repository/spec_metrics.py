@@ -2,9 +2,10 @@
 
 Triton's TensorRT-LLM metric families have none for speculative decoding: acceptance comes back
 only per request. So the trtspec model that runs the draft/verify loop counts it: the llmapi model,
-the engine flavour's BLS (draft-target), or `tensorrt_llm` (MTP, and plain decoding through the
-ensemble). A `tensorrt_llm` call made by the BLS is one step of the BLS's request and is not counted
-again; the BLS marks those calls with BLS_REQUEST_PREFIX in their request id.
+the engine flavour's BLS when it has a draft model, or `tensorrt_llm` (MTP and plain decoding,
+through the ensemble or a draftless BLS). A `tensorrt_llm` call made by a drafting BLS is one step
+of the BLS's request and is not counted again: the BLS marks those calls with BLS_REQUEST_PREFIX in
+their request id.
 
 Counts are per step (one target pass after the prefill that had drafts to check), so that
 acceptance rate = accepted / draft tokens and tokens per step = 1 + accepted / steps.
@@ -34,7 +35,7 @@ HISTOGRAMS = (ACCEPTED_LENGTH, DRAFT_SECONDS, VERIFY_SECONDS, TTFT_SECONDS, ITL_
 GAUGES = (KV_POSITIONS,)
 FAMILIES = COUNTERS + HISTOGRAMS + GAUGES
 LABELS = ("model", "version", "mode")
-SECONDS_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]
+SECONDS_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 BLS_REQUEST_PREFIX = "trtspec-bls-step:"
 DESCRIPTIONS = {
     REQUESTS: "Requests finished, by whether any step drafted tokens (speculative=true|false)",
@@ -46,7 +47,7 @@ DESCRIPTIONS = {
     VERIFY_SECONDS: "Time spent in the target's verification pass, per step",
     TTFT_SECONDS: "From the model receiving a request to its first token (Triton's queue time not included)",
     ITL_SECONDS: "Mean time between output tokens after the first, per request",
-    KV_POSITIONS: "Target KV-cache positions held (state=used) and the most this instance holds (state=capacity)",
+    KV_POSITIONS: "Target KV-cache positions held (state=used), and the most the model's instances hold (capacity)",
 }
 
 
@@ -76,19 +77,42 @@ class SpecMetrics:
         self.itl = f[ITL_SECONDS].Metric(labels=labels, buckets=SECONDS_BUCKETS)
         self._labels = labels
         self.kv: dict = {}  # made on first use: a model with no KV cache of its own (the BLS) shows none
+        self._kv_mine = {"used": 0, "capacity": 0}  # this instance's share of the model-wide gauges
+        self._failed = False
+
+    def _guard(self, action) -> None:
+        """A metric that cannot be written is logged once; it never fails the request it describes."""
+        try:
+            action()
+        except Exception as exc:  # pb_utils raises its own exception types
+            if not self._failed:
+                self._failed = True
+                import triton_python_backend_utils as pb_utils
+
+                pb_utils.Logger.log_warn(f"trtspec: speculation metrics not recorded: {exc}")
 
     def kv_cache(self, used: int, capacity: int) -> None:
-        if not self.kv:
-            family = self._families[KV_POSITIONS]
-            self.kv = {state: family.Metric(labels={**self._labels, "state": state}) for state in ("used", "capacity")}
-        self.kv["used"].set(used)
-        self.kv["capacity"].set(capacity)
+        """This instance's KV use; instances of one model share the gauges, so each adds its own change."""
+
+        def update() -> None:
+            if not self.kv:
+                family = self._families[KV_POSITIONS]
+                self.kv = {s: family.Metric(labels={**self._labels, "state": s}) for s in ("used", "capacity")}
+            for state, value in (("used", used), ("capacity", capacity)):
+                if value != self._kv_mine[state]:
+                    self.kv[state].increment(value - self._kv_mine[state])
+                    self._kv_mine[state] = value
+
+        self._guard(update)
 
     def record(self, steps: Iterable[Step], first_token_s: float, output_tokens: int, decode_s: float) -> None:
         """One finished request; steps without drafts (plain decoding, the last token) count only the request.
 
         first_token_s is from the request's arrival in the model; decode_s from its first token to its last.
         """
+        self._guard(lambda: self._record(list(steps), first_token_s, output_tokens, decode_s))
+
+    def _record(self, steps: list[Step], first_token_s: float, output_tokens: int, decode_s: float) -> None:
         speculated = [s for s in steps if s.drafted > 0]
         self.requests[bool(speculated)].increment(1)
         self.ttft.observe(first_token_s)
@@ -105,7 +129,9 @@ class SpecMetrics:
             self.verify_seconds.observe(s.verify_s)
 
     def close(self) -> None:
-        """Metrics before families, as the python backend requires."""
+        """This instance's KV share given back; metrics before families, as the python backend requires."""
+        if self.kv:
+            self.kv_cache(0, 0)
         self.requests = self.steps = self.drafted = self.accepted = None
         self.accepted_length = self.draft_seconds = self.verify_seconds = self.ttft = self.itl = None
         self.kv = {}

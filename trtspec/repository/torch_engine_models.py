@@ -100,6 +100,12 @@ class TensorRTLLMModel(PythonModel):
         k = self.runner.num_draft_tokens if self.runner is not None else 0
         mode = "mtp" if self.runner is not None else "none"
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, k)
+        self.metrics.kv_cache(0, self.engine.max_slots * self.engine.capacity)
+
+    def _kv(self, in_flight: int = 0) -> None:
+        """Positions the reuse slots hold, plus what a running MTP generation reserved in its own cache."""
+        held = sum(len(slot.tokens) for slot in self.engine.slots)
+        self.metrics.kv_cache(held + in_flight, self.engine.max_slots * self.engine.capacity)
 
     def _sampling(self, request):
         from trtspec.speculative.sampling import SamplingParams
@@ -174,9 +180,13 @@ class TensorRTLLMModel(PythonModel):
             params = GenerationParams(
                 max_tokens=max_new, sampling=sampling, stop_token_ids=frozenset([end_id]), seed=generator.initial_seed()
             )
-            g = self.runner.generate(
-                [prompt], params, on_tokens=lambda _row, chunk: stream([t for t in chunk if t != end_id])
-            )[0]
+            self._kv(len(prompt) + max_new + self.runner.num_draft_tokens + 2)
+            try:
+                g = self.runner.generate(
+                    [prompt], params, on_tokens=lambda _row, chunk: stream([t for t in chunk if t != end_id])
+                )[0]
+            finally:
+                self._kv()
             new = [t for t in g.tokens if t != end_id]
             drafted, accepted, steps = g.stats.draft_tokens, g.stats.accepted_tokens, g.stats.step_log
         else:
@@ -185,8 +195,7 @@ class TensorRTLLMModel(PythonModel):
             )
             new, drafted, accepted, logits, steps = out.tokens, 0, 0, out.logits, []
         last = time.time_ns()
-        slots = self.engine.slots
-        self.metrics.kv_cache(sum(len(s.tokens) for s in slots), self.engine.max_slots * self.engine.capacity)
+        self._kv()
         if not request.request_id().startswith(BLS_REQUEST_PREFIX):  # a BLS step: the BLS counts its request
             first_token = first[0] or last
             self.metrics.record(steps, (first_token - arrival) / 1e9, len(new), (last - first_token) / 1e9)
@@ -297,11 +306,16 @@ class BLSModel(PythonModel):
         p = parameters(args)
         self.target = p.get("tensorrt_llm_model_name", "tensorrt_llm")
         self.draft = p.get("tensorrt_llm_draft_model_name")
-        mode = "draft-target" if self.draft else "none"
-        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.LONGEST_DRAFT_BUCKET)
+        # Without a draft model the BLS only forwards to tensorrt_llm, which counts (MTP speculates there).
+        self.metrics = None
+        if self.draft:
+            self.metrics = SpecMetrics(
+                args["model_name"], args["model_version"], "draft-target", self.LONGEST_DRAFT_BUCKET
+            )
 
     def finalize(self) -> None:
-        self.metrics.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
     def _call(
         self, model: str, inputs: dict[str, np.ndarray], outputs: list[str], request_id: str = ""
@@ -357,7 +371,8 @@ class BLSModel(PythonModel):
         base = int(seed) if seed is not None else secrets.randbits(62)
         scheduled, first, drafted, accepted, step = time.time_ns(), 0, 0, 0, 0
         steps: list[Step] = []
-        step_id = BLS_REQUEST_PREFIX + request.request_id()
+        # tensorrt_llm leaves the counting of a request to the BLS when it runs the draft/verify loop
+        step_id = (BLS_REQUEST_PREFIX if self.metrics is not None else "") + request.request_id()
 
         def call(model: str, tokens: list[int], out_len: int, extra: dict, outputs: list[str]) -> dict:
             inputs = {
@@ -417,7 +432,8 @@ class BLSModel(PythonModel):
             text = prompt + text
         last = time.time_ns()
         first = first or last
-        self.metrics.record(steps, (first - arrival) / 1e9, len(seq) - n_prompt, (last - first) / 1e9)
+        if self.metrics is not None:
+            self.metrics.record(steps, (first - arrival) / 1e9, len(seq) - n_prompt, (last - first) / 1e9)
         outputs = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))]
         outputs += perf_tensors(arrival, scheduled, first, last, drafted, accepted)
         return pb_utils.InferenceResponse(outputs)

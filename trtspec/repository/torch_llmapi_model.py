@@ -33,6 +33,7 @@ class TorchLLMAPIModel(PythonModel):
         self.max_seq_len = int(self.options.get("max_seq_len") or self.runner.max_len)
         mode = decoding_mode(self.options)
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.runner.num_draft_tokens)
+        self.metrics.kv_cache(0, self.max_seq_len)
 
     def _params(self, request):
         from trtspec.speculative.runner import GenerationParams
@@ -99,7 +100,7 @@ class TorchLLMAPIModel(PythonModel):
             self.metrics.kv_cache(0, self.max_seq_len)
         last = time.time_ns()
         first = sent[1] or last
-        n = len(generation.tokens)
+        n = len([t for t in generation.tokens if t not in params.stop_token_ids])
         self.metrics.record(generation.stats.step_log, (first - arrival) / 1e9, n, (last - first) / 1e9)
         text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
         outputs = [string_tensor("text_output", text[sent[0] :] if streaming else text)]
