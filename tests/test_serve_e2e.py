@@ -40,6 +40,8 @@ REPOS = {
     "engine-draft-target": ("tiny-draft-target.yaml", {"flavour": "engine", "streaming": False}),
     "engine-mtp": ("tiny-mtp.yaml", {"flavour": "engine"}),
     "engine-baseline": ("tiny-baseline.yaml", {"flavour": "engine"}),
+    # the BLS calls tensorrt_llm without decoupled=True, so it needs a non-streaming repository
+    "engine-mtp-unary": ("tiny-mtp.yaml", {"flavour": "engine", "streaming": False}),
 }
 
 
@@ -302,3 +304,18 @@ def test_metrics_port_counts_equal_the_sums_of_per_request_outputs(servers, key)
         assert kv["capacity"] % max_len == 0 and kv["used"] == 0
     else:  # the reuse slots keep the last sequence (its prompt and output) until another needs the slot
         assert kv["capacity"] % max_len == 0 and lengths[-1] < kv["used"] <= kv["capacity"]
+
+
+def test_mtp_through_a_draftless_bls_is_counted_once_by_tensorrt_llm(servers):
+    """The BLS without a draft model only forwards: the MTP speculation inside tensorrt_llm is what counts."""
+    served = servers("engine-mtp-unary")
+    before = scrape(served.metrics)
+    body = {"text_input": PROMPT, "max_tokens": 16, "exclude_input_in_output": True}
+    status, answer = post(served, "generate", body, model="tensorrt_llm_bls")
+    assert status == 200 and answer["text_output"], answer
+    delta = SpecCounters.read(scrape(served.metrics), model="tensorrt_llm", mode="mtp") - SpecCounters.read(
+        before, model="tensorrt_llm", mode="mtp"
+    )
+    assert delta.requests == delta.speculated_requests == 1 and delta.draft_tokens > 0
+    everyone = SpecCounters.read(scrape(served.metrics)) - SpecCounters.read(before)
+    assert everyone.requests == 1  # nothing recorded under the BLS's name
