@@ -235,7 +235,10 @@ def dashboard(cfg: DeploymentConfig) -> dict[str, Any]:
             "Queue time vs compute time",
             [
                 (f"sum by (model) (rate(nv_inference_queue_duration_us{s}[{w}])) / 1e6", "queued s/s {{model}}"),
-                (f"sum by (model) (rate(nv_inference_compute_infer_duration_us{s}[{w}])) / 1e6", "computing s/s {{model}}"),
+                (
+                    f"sum by (model) (rate(nv_inference_compute_infer_duration_us{s}[{w}])) / 1e6",
+                    "computing s/s {{model}}",
+                ),
             ],
             "none",
             0,

@@ -369,7 +369,7 @@ class BLSModel(PythonModel):
                 common[name] = np.array([[value]], dtype=dtype)
         seed = scalar(request, "seed")
         base = int(seed) if seed is not None else secrets.randbits(62)
-        scheduled, first, drafted, accepted, step = time.time_ns(), 0, 0, 0, 0
+        scheduled, first = time.time_ns(), 0
         steps: list[Step] = []
         # tensorrt_llm leaves the counting of a request to the BLS when it runs the draft/verify loop
         step_id = (BLS_REQUEST_PREFIX if self.metrics is not None else "") + request.request_id()
@@ -388,6 +388,7 @@ class BLSModel(PythonModel):
         while len(seq) - n_prompt < max_tokens:
             remaining = max_tokens - (len(seq) - n_prompt)
             n = min(k, remaining - 1)
+            step = len(steps)
             extra: dict[str, np.ndarray] = {"seed": np.array([[(base + 2 * step + 1) % 2**63]], dtype=np.uint64)}
             t0 = time.perf_counter()
             if n > 0:
@@ -415,7 +416,6 @@ class BLSModel(PythonModel):
             m = int(t["total_accepted_draft_tokens"].reshape(-1)[0]) if drafts else 0
             steps.append(Step(len(drafts), m, t1 - t0, time.perf_counter() - t1))
             first = first or time.time_ns()
-            drafted, accepted, step = drafted + len(drafts), accepted + m, step + 1
             seq += new
             if len(new) < (m + 1 if n > 0 else out_len):
                 break  # the target stopped at its end token
@@ -435,5 +435,6 @@ class BLSModel(PythonModel):
         if self.metrics is not None:
             self.metrics.record(steps, (first - arrival) / 1e9, len(seq) - n_prompt, (last - first) / 1e9)
         outputs = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))]
+        drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
         outputs += perf_tensors(arrival, scheduled, first, last, drafted, accepted)
         return pb_utils.InferenceResponse(outputs)

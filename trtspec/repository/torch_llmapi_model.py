@@ -66,7 +66,8 @@ class TorchLLMAPIModel(PythonModel):
             raise RequestError("text_input is required and must not be empty")
         params = self._params(request)
         ids = self.tokenizer(prompt).input_ids
-        if len(ids) + params.max_tokens + self.runner.num_draft_tokens + 2 > self.max_seq_len:
+        reserved = len(ids) + params.max_tokens + self.runner.num_draft_tokens + 2  # the runner's cache for it
+        if reserved > self.max_seq_len:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) + sampling_param_max_tokens ({params.max_tokens}) exceed "
                 f"max_seq_len {self.max_seq_len}"
@@ -93,7 +94,7 @@ class TorchLLMAPIModel(PythonModel):
                     sender.send(pb_utils.InferenceResponse([string_tensor("text_output", delta)]))
 
         scheduled = time.time_ns()
-        self.metrics.kv_cache(len(ids) + params.max_tokens + self.runner.num_draft_tokens + 2, self.max_seq_len)
+        self.metrics.kv_cache(reserved, self.max_seq_len)
         try:
             generation = self.runner.generate([ids], params, on_tokens=on_tokens)[0]
         finally:
