@@ -42,7 +42,10 @@ def test_engine_repository_for_nvidias_container(runner, tmp_path, monkeypatch):
         assert config.model_transaction_policy.decoupled is False  # BLS speculation: decoupled_mode False
         assert p["gpt_model_path"] == f"/trtspec/engines/llama-3-3-70b-1b-draft/{role}"
         assert p["gpt_model_type"] == "inflight_fused_batching" and p["enable_kv_cache_reuse"] == "True"
-        assert p["kv_cache_free_gpu_mem_fraction"] == "0.5"  # two models on one GPU
+        # two models on one GPU: the config's fraction, each capped at what its engine can hold so the
+        # one loaded first cannot take the other's share (hub ids: no config.json here for a memory plan)
+        assert p["kv_cache_free_gpu_mem_fraction"] == "0.9" and p["gpu_device_ids"] == "0"
+        assert p["max_tokens_in_paged_kv_cache"] == str(16 * 8192)
         dtypes = {t.name: t.data_type for t in [*config.input, *config.output]}
         assert dtypes["draft_logits"] == dtypes["generation_logits"] == engine.mc.TYPE_FP32  # logits_datatype
         assert not (repo / name / "1" / "model.py").exists()  # the C++ backend: no python code
@@ -89,6 +92,7 @@ def test_llmapi_repository_for_nvidias_container(runner, tmp_path, monkeypatch):
     assert options["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
     assert options["triton_config"]["decoupled"] is True and options["tensor_parallel_size"] == 8
     assert os.readlink(model / "1" / "model.py") == "/app/all_models/llmapi/tensorrt_llm/1/model.py"
+    assert os.readlink(model / "1" / "helpers.py") == "/app/all_models/llmapi/tensorrt_llm/1/helpers.py"
     assert read(model.parent, "tensorrt_llm").backend == "python"
 
 
@@ -122,7 +126,7 @@ def test_a_failed_write_keeps_the_previous_repository(tmp_path, monkeypatch):
     first = package.package_repository(cfg)
     before = (first / "tensorrt_llm" / "1" / "model.yaml").read_text()
 
-    def broken(cfg, out):
+    def broken(cfg, out, **_):
         (out / "half-written").mkdir()
         raise OSError(28, "No space left on device")
 

@@ -135,17 +135,31 @@ class Contract:
     def supports_min_tokens(self) -> bool:
         return "min_tokens" in self.inputs
 
+    @staticmethod
+    def speculating_bls(request: Request) -> bool:
+        """NVIDIA's BLS (before its exclude_input_in_output fix) finds the drafts by cutting the prompt
+        off the draft's output, so a speculative request that excludes the input gets no drafts and a
+        wrong text; it also overrides min_tokens. Such a request keeps both unset and the client cuts
+        the prompt off the answer."""
+        return bool(request.extra.get("num_draft_tokens"))
+
+    def text(self, request: Request, text: str) -> str:
+        if self.speculating_bls(request) and text.startswith(request.prompt):
+            return text[len(request.prompt) :]
+        return text
+
     def values(self, request: Request) -> dict[str, Any]:
         """The request as this model's input values (only those the model declares)."""
+        speculating = self.speculating_bls(request)
         generic = {
             "prompt": request.prompt,
             "stream": self.decoupled,
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "perf": True,
-            "exclude_input": True,
+            "exclude_input": None if speculating else True,
             "seed": request.seed,
-            "min_tokens": request.min_tokens or None,
+            "min_tokens": None if speculating else (request.min_tokens or None),
         }
         names = INPUT_NAMES[self.kind]
         values = {names[k]: v for k, v in generic.items() if v is not None and names.get(k)}
@@ -227,7 +241,8 @@ class TritonGrpc:
                 if names:
                     chunk = Chunk()
                     if "text_output" in names:
-                        chunk.text = b"".join(result.as_numpy("text_output").reshape(-1)).decode("utf-8", "replace")
+                        text = b"".join(result.as_numpy("text_output").reshape(-1)).decode("utf-8", "replace")
+                        chunk.text = self.contract.text(request, text)
                     if "output_ids" in names:
                         ids = result.as_numpy("output_ids").reshape(-1).tolist()
                         chunk.ids, chunk.tokens = ids, len(ids)
@@ -340,6 +355,7 @@ class TritonHttp(_HttpBase):
             text = event.get("text_output", "")
             if isinstance(text, list):
                 text = "".join(text)
+            text = self.contract.text(request, text)
             if text:
                 on_chunk(Chunk(text=text))
                 reply.text += text

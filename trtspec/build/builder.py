@@ -27,6 +27,7 @@ from trtspec.build.recipes import (
     Command,
     convert_command,
     engine_expectations,
+    engine_max_draft_len,
     llm_api_options,
     missing_flags,
     trt_dtype,
@@ -134,7 +135,7 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
         spec_mode = {"draft-target": "draft_tokens_external", "mtp": "mtp"}.get(cfg.mode, "none")
         build = {
             **_limits(cfg),
-            "max_draft_len": k if speculating else 0,
+            "max_draft_len": (engine_max_draft_len(k) if cfg.mode == "draft-target" else k) if speculating else 0,
             "speculative_decoding_mode": spec_mode if speculating else "none",
         }
         if role == "target" and cfg.mode == "mtp":
@@ -271,8 +272,8 @@ def _pytorch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) 
         staging.mkdir(parents=True, exist_ok=True)
         (staging / LLM_API_YAML).write_text(yaml.safe_dump(options, sort_keys=False), encoding="utf-8")
         (staging / "model").write_text(target + "\n", encoding="utf-8")
-        if os.environ.get(SKIP_WARM_UP_ENV) == "1":  # a multi-node group: one build pod cannot load it
-            return []
+        if not warm_up_fits_one_host(cfg) or os.environ.get(SKIP_WARM_UP_ENV) == "1":
+            return []  # one process cannot load a model that spans nodes: the group's start proves it
         argv = ["python3", "-c", WARM_UP, target, str(staging / LLM_API_YAML)]
         return [_run_logged(argv, log)]
 
@@ -282,6 +283,12 @@ def _pytorch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) 
 
 
 SKIP_WARM_UP_ENV = "TRTSPEC_SKIP_WARM_UP"
+
+
+def warm_up_fits_one_host(cfg: DeploymentConfig) -> bool:
+    """The warm-up loads the model in one process on one host: not for tp x pp beyond a node's GPUs."""
+    return cfg.build.tp * cfg.build.pp <= cfg.deploy.gpus_per_node
+
 
 # python3 -c WARM_UP MODEL OPTIONS_YAML: load the LLM API with the options the way trtllm-serve reads
 # --extra_llm_api_options (update_llm_args_with_extra_dict), and generate a few tokens.

@@ -26,6 +26,10 @@ CONVERT_FAMILIES = {
 MODELOPT_QFORMATS = {"fp8": "fp8", "int4_awq": "int4_awq", "nvfp4": "nvfp4"}
 # quantization -> convert_checkpoint.py's weight-only precision.
 WEIGHT_ONLY = {"int8_weight_only": "int8", "int4_weight_only": "int4"}
+# NVIDIA's draft-target README builds the target with --max_draft_len=10 and its documented BLS request
+# sends num_draft_tokens 10: an engine built for exactly K refuses that request, so the target gets room
+# for at least this many drafts (a few KB of buffers per sequence) while the BLS default stays K.
+MAX_DRAFT_LEN_HEADROOM = 10
 # build_config.speculative_decoding_mode in an engine's config.json is SpeculativeDecodingMode, an
 # IntFlag serialised as its value: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2 (tensorrt_llm/models/modeling_utils.py).
 ENGINE_SPEC_MODES = {"none": 1, "draft_tokens_external": 2}
@@ -84,6 +88,17 @@ def gemm_plugin(section: ModelSection, dtype: str) -> str:
     return dtype
 
 
+def engine_max_draft_len(num_draft_tokens: int) -> int:
+    """The target engine's max_draft_len: K, or NVIDIA's documented 10 if that is more."""
+    return max(num_draft_tokens, MAX_DRAFT_LEN_HEADROOM)
+
+
+def draft_target_decoding_type(version: str) -> str:
+    """`speculative_config.decoding_type` for draft-target: 1.0 and 1.1 map the documented `DraftTarget`
+    in DecodingBaseConfig.from_dict; 1.2 validates a union discriminated on the literal `Draft_Target`."""
+    return "Draft_Target" if minor(version) >= "1.2" else "DraftTarget"
+
+
 def trtllm_build_command(
     cfg: DeploymentConfig,
     section: ModelSection,
@@ -106,12 +121,13 @@ def trtllm_build_command(
         args.append("--speculative_decoding_mode=draft_tokens_external")
     args.append(f"--max_batch_size={b.max_batch_size}")
     if speculating_target:
-        args.append(f"--max_draft_len={num_draft_tokens}")
+        args.append(f"--max_draft_len={engine_max_draft_len(num_draft_tokens)}")
     args += [f"--max_input_len={b.max_input_len}", f"--max_seq_len={b.max_seq_len}"]
     if b.max_num_tokens is not None:
         args.append(f"--max_num_tokens={b.max_num_tokens}")
-    if cfg.speculation.use_draft_logits and cfg.mode == "draft-target":
-        # the target compares against the draft's logits, so both engines must return generation logits
+    if cfg.mode == "draft-target":
+        # NVIDIA's BLS asks both engines for generation logits when a request sets use_draft_logits (the
+        # documented request does): without them that request fails, so both always keep them
         args.append("--gather_generation_logits")
     return Command("trtllm-build", tuple(args))
 
@@ -141,8 +157,10 @@ def engine_expectations(
         mode = "mtp" if cfg.mode == "mtp" else "draft_tokens_external"
         want["build_config.speculative_decoding_mode"] = (mode, f"speculative mode {mode}")
     if speculating:
-        want["build_config.max_draft_len"] = (num_draft_tokens, f"--max_draft_len={num_draft_tokens}")
-    if cfg.speculation.use_draft_logits and cfg.mode == "draft-target":
+        longest = engine_max_draft_len(num_draft_tokens) if cfg.mode == "draft-target" else num_draft_tokens
+        flag = f"--max_draft_len={longest}" if backend == "tensorrt" else f"max_draft_len {longest}"
+        want["build_config.max_draft_len"] = (longest, flag)
+    if backend == "tensorrt" and cfg.mode == "draft-target":
         want["build_config.gather_generation_logits"] = (True, "--gather_generation_logits")
     if vocab_size is not None:
         want["pretrained_config.vocab_size"] = (vocab_size, "the checkpoint's vocab_size (convert it again)")
@@ -188,7 +206,7 @@ def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_di
         options["disable_overlap_scheduler"] = True  # two-model speculation disables it anyway
         model_key = "speculative_model" if version >= "1.2" else "speculative_model_dir"
         options["speculative_config"] = {
-            "decoding_type": "DraftTarget",
+            "decoding_type": draft_target_decoding_type(b.tensorrt_llm_version),
             "max_draft_len": num_draft_tokens,
             model_key: draft_model_dir,
         }
@@ -205,7 +223,21 @@ def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_di
                 relaxed_delta=cfg.mtp.relaxed_delta,
             )
         options["speculative_config"] = spec
+        options.update(deepseek_serving_options(cfg))
     return options
+
+
+def deepseek_serving_options(cfg: DeploymentConfig) -> dict[str, Any]:
+    """NVIDIA's DeepSeek-V3/R1 serving recipe (deployment guide and examples/serve/deepseek_r1_reasoning_parser.sh):
+    experts split across the tensor-parallel GPUs (--ep_size = --tp_size), an FP8 KV cache, CUDA graphs
+    padded up to the batch size, and streamed output every 10 iterations. MTP exists only for this family."""
+    b = cfg.build
+    return {
+        "moe_expert_parallel_size": b.tp,
+        "kv_cache_config": {"free_gpu_memory_fraction": b.kv_cache_free_gpu_mem_fraction, "dtype": "fp8"},
+        "cuda_graph_config": {"enable_padding": True, "max_batch_size": b.max_batch_size},
+        "stream_interval": 10,
+    }
 
 
 def trtllm_serve_command(model: str, options_file: str) -> Command:

@@ -15,7 +15,15 @@ from pathlib import Path
 import yaml
 
 from trtspec import __version__
-from trtspec.build.builder import LLM_API_DIR, LLM_API_YAML, WARM_UP, engine_dir_for, resolve_num_draft_tokens
+from trtspec.build.builder import (
+    LLM_API_DIR,
+    LLM_API_YAML,
+    SKIP_WARM_UP_ENV,
+    WARM_UP,
+    engine_dir_for,
+    resolve_num_draft_tokens,
+    warm_up_fits_one_host,
+)
 from trtspec.build.recipes import CONVERT_FAMILIES, engine_expectations, llm_api_options, trtllm_serve_command
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import DeploymentConfig
@@ -153,13 +161,27 @@ def _pytorch_script(cfg: DeploymentConfig, k: int) -> list[str]:
         options.rstrip("\n"),
         "YAML",
         f'echo {_q(target)} > "{staging}/model"',
-        "# warm-up: prove the LLM API starts with these options",
-        f'python3 -c {_q(WARM_UP)} {_q(target)} "{staging}/{LLM_API_YAML}" 2>&1'
-        f' | tee "$ENGINES/logs/{LLM_API_DIR}.log"',
+        *_warm_up(cfg, target, staging),
         f'rm -rf "{out}" && mv "{staging}" "{out}"',
         _step_record(LLM_API_DIR),
         "# serve it with:",
         "#   " + " ".join(_serve_argv(target, f"{out}/{LLM_API_YAML}")),
+    ]
+
+
+def _warm_up(cfg: DeploymentConfig, target: str, staging: str) -> list[str]:
+    """Prove the LLM API starts with these options, where one process on this host can load the model."""
+    b = cfg.build
+    if not warm_up_fits_one_host(cfg):
+        return [
+            f"# warm-up skipped: tp x pp = {b.tp * b.pp} GPUs span nodes of {cfg.deploy.gpus_per_node}; "
+            "one process here cannot load it (the serving group's start proves these options)"
+        ]
+    return [
+        f'if [ "${{{SKIP_WARM_UP_ENV}:-0}}" != 1 ]; then  # warm-up: prove the LLM API starts with these options',
+        f'  python3 -c {_q(WARM_UP)} {_q(target)} "{staging}/{LLM_API_YAML}" 2>&1'
+        f' | tee "$ENGINES/logs/{LLM_API_DIR}.log"',
+        "fi",
     ]
 
 

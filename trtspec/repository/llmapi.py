@@ -1,7 +1,7 @@
 """The llmapi flavour: one model, `tensorrt_llm`, configured by 1/model.yaml (LLM API arguments).
 
 The tensor names, types and dims are those of TensorRT-LLM's `triton_backend/all_models/llmapi`
-model (shared reference, triton-model-repository-and-k8s.md §2), so a client cannot tell whether
+model as `contract` records them, so a client cannot tell whether
 TensorRT-LLM or trtspec's torch runner answers. model.yaml carries `speculative_config` and
 `triton_config` (decoupled, max_batch_size) exactly as NVIDIA's model reads them.
 """
@@ -10,47 +10,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtspec.repository.pbtxt import PERF_OUTPUTS, Tensor, model_config
+from trtspec.config import DeploymentConfig
+from trtspec.repository import contract
+from trtspec.repository.pbtxt import model_config
 
 MODEL = "tensorrt_llm"
 
-INPUTS = [
-    Tensor("text_input", "STRING", (-1,)),
-    Tensor("image_url", "STRING", (-1,), optional=True),
-    Tensor("streaming", "BOOL", (1,), optional=True),
-    Tensor("sampling_param_best_of", "INT32", (1,), optional=True),
-    Tensor("sampling_param_temperature", "FP32", (1,), optional=True),
-    Tensor("sampling_param_top_k", "INT32", (1,), optional=True),
-    Tensor("sampling_param_top_p", "FP32", (1,), optional=True),
-    Tensor("sampling_param_frequency_penalty", "FP32", (1,), optional=True),
-    Tensor("sampling_param_presence_penalty", "FP32", (1,), optional=True),
-    Tensor("sampling_param_max_tokens", "INT32", (1,), optional=True),
-    Tensor("sampling_param_stop", "STRING", (-1,), optional=True),
-    Tensor("sampling_param_seed", "UINT64", (1,), optional=True),
-    Tensor("sampling_param_exclude_input_from_output", "BOOL", (1,), optional=True),
-    Tensor("sampling_param_return_perf_metrics", "BOOL", (1,), optional=True),
-    Tensor("return_finish_reason", "BOOL", (1,), optional=True),
-    Tensor("return_stop_reason", "BOOL", (1,), optional=True),
-    Tensor("return_cumulative_logprob", "BOOL", (1,), optional=True),
-    Tensor("stop", "BOOL", (1,), optional=True),
-    Tensor("lora_id", "UINT64", (1,), optional=True),
-    Tensor("lora_name", "STRING", (-1,), optional=True),
-    Tensor("lora_path", "STRING", (-1,), optional=True),
-    Tensor("lora_ckpt_source", "STRING", (-1,), optional=True),
-]
+# NVIDIA's llmapi/tensorrt_llm template, over every tree in the contract.
+INPUTS = list(contract.model("llmapi").inputs)
+OUTPUTS = list(contract.model("llmapi").outputs)
 
-OUTPUTS = [
-    Tensor("text_output", "STRING", (-1,)),
-    Tensor("finish_reason", "STRING", (-1,)),
-    Tensor("stop_reason", "STRING", (-1,)),
-    Tensor("cumulative_logprob", "FP32", (-1,)),
-    Tensor("kv_cache_reused_block", "INT32", (1,)),
-    Tensor("kv_cache_missed_block", "INT32", (1,)),
-    Tensor("kv_cache_alloc_new_blocks", "INT32", (1,)),
-    Tensor("kv_cache_alloc_total_blocks", "INT32", (1,)),
-    Tensor("kv_cache_hit_rate", "FP32", (1,)),
-    *PERF_OUTPUTS,
-]
+
+def instance_parameters(cfg: DeploymentConfig) -> dict[str, str] | None:
+    """NVIDIA's llmapi model refuses to load more than one instance without gpu_device_ids: one
+    ';'-separated list per instance, each of tp x pp GPUs (contract.CONDITIONS)."""
+    if cfg.serve.instances <= 1:
+        return None
+    n = cfg.build.tp * cfg.build.pp
+    lists = (",".join(str(i * n + g) for g in range(n)) for i in range(cfg.serve.instances))
+    return {"gpu_device_ids": ";".join(lists)}
 
 
 def llmapi_config(instances: int, parameters: dict[str, str] | None = None):

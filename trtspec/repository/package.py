@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -23,10 +24,11 @@ import yaml
 from trtspec.build.builder import engine_dir_for, resolve_num_draft_tokens
 from trtspec.build.manifest import Manifest
 from trtspec.build.recipes import llm_api_options
+from trtspec.build.shared_gpu import shared_gpu_plan
 from trtspec.config import DeploymentConfig, ModelSection
-from trtspec.errors import UsageError
+from trtspec.errors import TrtspecError, UsageError
 from trtspec.fsutil import replace_dir
-from trtspec.repository import engine, llmapi
+from trtspec.repository import contract, engine, llmapi
 from trtspec.repository.pbtxt import render
 
 CONTAINER_ROOT = "/trtspec"
@@ -34,6 +36,7 @@ CONTAINER_ROOT = "/trtspec"
 # llmapi model are versioned with the tensorrtllm backend they call (their tensors and parameters
 # change between releases), so only the copy inside the image is sure to match it.
 CONTAINER_MODELS = "/app/all_models"
+NVIDIA_PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 TORCH_MODELS = {
     "tensorrt_llm": "TensorRTLLMModel",
     "tensorrt_llm_draft": "TensorRTLLMModel",
@@ -144,47 +147,53 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
         _write(out / name, config, {"model.py": code} if cls else None)
 
 
-def _container_checkpoint(section: ModelSection, role: str) -> str:
+def _container_checkpoint(section: ModelSection, role: str, root: str = CONTAINER_ROOT) -> str:
     local = section.checkpoint.startswith(("/", ".", "embedded:")) or Path(section.checkpoint).exists()
-    return f"{CONTAINER_ROOT}/checkpoints/{role}" if local else section.checkpoint
+    return f"{root}/checkpoints/{role}" if local else section.checkpoint
 
 
-def _nvidia_engine(cfg: DeploymentConfig, out: Path) -> None:
-    """tensorrt backend: NVIDIA's inflight_batcher_llm models; draft and target share a GPU at 0.5 each."""
+def nvidia_links(model: str, nvidia_models: str) -> dict[str, str]:
+    """model.py and every sibling it imports (lib/, helpers.py), from NVIDIA's folder for that model."""
+    c = contract.model(model)
+    return {name: f"{nvidia_models}/{c.template}/1/{name}" for name in ("model.py", *c.sibling_files)}
+
+
+def _nvidia_engine(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: str) -> None:
+    """tensorrt backend: NVIDIA's inflight_batcher_llm python models beside the tensorrtllm backend."""
     b = cfg.build
-    root = f"{CONTAINER_ROOT}/engines/{cfg.name}"
+    engines = f"{root}/engines/{cfg.name}"
     speculating = cfg.mode == "draft-target"
+    share = shared_gpu_plan(cfg)
     p = engine.EngineParams(
         max_batch_size=b.max_batch_size,
         decoupled=cfg.serve.streaming and not speculating,
-        engine_dir=f"{root}/target",
-        tokenizer_dir=_container_checkpoint(cfg.target, "target"),
-        kv_cache_free_gpu_mem_fraction=0.5 if speculating else b.kv_cache_free_gpu_mem_fraction,
+        engine_dir=f"{engines}/target",
+        tokenizer_dir=_container_checkpoint(cfg.target, "target", root),
+        kv_cache_free_gpu_mem_fraction=b.kv_cache_free_gpu_mem_fraction,
+        max_tokens_in_paged_kv_cache=share.max_tokens_in_paged_kv_cache if share else None,
+        gpu_device_ids=share.gpu_device_ids if share else None,
         instances=cfg.serve.instances,
     )
-    models = _engine_models(cfg, p, "tensorrtllm", f"{root}/draft", {})
+    models = _engine_models(cfg, p, "tensorrtllm", f"{engines}/draft", {})
     for name, config in models.items():
-        links = {}
-        if name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
-            links["model.py"] = f"{CONTAINER_MODELS}/inflight_batcher_llm/{name}/1/model.py"
-            if name == "tensorrt_llm_bls":
-                links["lib"] = f"{CONTAINER_MODELS}/inflight_batcher_llm/{name}/1/lib"
+        links = nvidia_links(name, nvidia_models) if name in NVIDIA_PYTHON_MODELS else None
         _write(out / name, config, links=links)
 
 
-def _nvidia_llmapi(cfg: DeploymentConfig, out: Path) -> None:
+def _nvidia_llmapi(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: str) -> None:
     """pytorch backend: NVIDIA's llmapi model with model.yaml (LLM() arguments + triton_config)."""
     k = resolve_num_draft_tokens(cfg, engine_dir_for(cfg))
-    draft = _container_checkpoint(cfg.draft, "draft") if cfg.draft and cfg.mode == "draft-target" else None
+    draft = _container_checkpoint(cfg.draft, "draft", root) if cfg.draft and cfg.mode == "draft-target" else None
     options = llm_api_options(cfg, k, draft)
-    options = llmapi.model_yaml({"model": _container_checkpoint(cfg.target, "target"), **options}, cfg.serve.streaming)
-    config = llmapi.llmapi_config(cfg.serve.instances)
+    target = _container_checkpoint(cfg.target, "target", root)
+    options = llmapi.model_yaml({"model": target, **options}, cfg.serve.streaming)
+    config = llmapi.llmapi_config(cfg.serve.instances, llmapi.instance_parameters(cfg))
     config.model_transaction_policy.decoupled = cfg.serve.streaming
     _write(
         out / llmapi.MODEL,
         config,
         {"model.yaml": yaml.safe_dump(options, sort_keys=False)},
-        {"model.py": f"{CONTAINER_MODELS}/llmapi/tensorrt_llm/1/model.py"},
+        nvidia_links("llmapi", nvidia_models),
     )
 
 
@@ -196,13 +205,21 @@ WRITERS = {
 }
 
 
-def package_repository(cfg: DeploymentConfig) -> Path:
+def package_repository(
+    cfg: DeploymentConfig, nvidia_models: str = CONTAINER_MODELS, container_root: str = CONTAINER_ROOT
+) -> Path:
+    """nvidia_models: where the serving image has NVIDIA's all_models; container_root: where the
+    deployment mounts engines and checkpoints (both only matter for NVIDIA's backends)."""
     writer = WRITERS[(cfg.build.backend, cfg.serve.flavour)]  # other pairs are refused by config validation
+    if cfg.build.backend in ("tensorrt", "pytorch"):
+        writer = partial(writer, nvidia_models=nvidia_models.rstrip("/"), root=container_root.rstrip("/"))
     final = repository_dir_for(cfg)
     staging = final.parent / f".staging-{final.name}-{os.getpid()}"
     try:
         staging.mkdir(parents=True)
         writer(cfg, staging)
+        if cfg.build.backend in ("tensorrt", "pytorch") and (problems := contract.violations(staging)):
+            raise TrtspecError(f"{final} would not load in NVIDIA's container: {'; '.join(problems)}")
         replace_dir(staging, final)
     except OSError as exc:
         raise UsageError(f"cannot write {final}: {exc.strerror or exc}") from None

@@ -22,20 +22,65 @@ import numpy as np
 from trtspec.repository.pb import PythonModel, RequestError, scalar, utf8
 from trtspec.repository.spec_metrics import BLS_REQUEST_PREFIX, SpecMetrics
 
-UNSUPPORTED = (
-    "encoder_input_features",
-    "decoder_input_ids",
-    "embedding_bias",
-    "prompt_embedding_table",
-    "lora_task_id",
-    "lora_weights",
-    "lora_config",
-    "guided_decoding_guide",
-    "cross_attention_mask",
-    "context_phase_params",
-    "stop_words_list",
-    "bad_words_list",
-)
+# What trtspec's torch engine does with each input TensorRT-LLM's tensorrt_llm model declares. An
+# input in none of these groups is refused whenever a request gives it, so nothing a client sends is
+# accepted and then ignored.
+HONOURED = frozenset(
+    {
+        "input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "draft_input_ids", "draft_logits",
+        "temperature", "runtime_top_k", "runtime_top_p", "seed", "streaming", "exclude_input_in_output",
+        "min_tokens", "stop_words_list", "bad_words_list", "return_generation_logits", "return_perf_metrics",
+        "return_num_input_tokens", "return_num_output_tokens",
+    }
+)  # fmt: skip
+# No effect on a decoder-only model at beam width 1, in TensorRT-LLM too (NVIDIA's preprocessing always
+# sends a one-token decoder_input_ids).
+NO_EFFECT = frozenset({"decoder_input_ids", "decoder_input_lengths", "len_penalty", "early_stopping"})
+# Accepted at the value that changes nothing, refused at any other.
+NEUTRAL: dict[str, object] = {
+    "beam_width": 1,
+    "num_return_sequences": 1,
+    "beam_search_diversity_rate": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "return_log_probs": False,
+    "return_context_logits": False,
+    "stop": False,
+}
+
+
+def refused_inputs(request, declared: list[str]) -> str | None:
+    """The first declared input this request gives that trtspec's torch engine cannot honour."""
+    import triton_python_backend_utils as pb_utils
+
+    for name in declared:
+        if name in HONOURED or name in NO_EFFECT:
+            continue
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None or tensor.as_numpy().size == 0:
+            continue
+        if name in NEUTRAL and all(v == NEUTRAL[name] for v in tensor.as_numpy().reshape(-1).tolist()):
+            continue
+        return name
+    return None
+
+
+def word_list(request, name: str) -> tuple[tuple[int, ...], ...]:
+    """TensorRT-LLM's [1, 2, L] word list: flat token ids, then each word's end offset (-1 pads)."""
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None or tensor.as_numpy().size == 0:
+        return ()
+    flat, offsets = np.asarray(tensor.as_numpy()).reshape(-1, 2, tensor.as_numpy().shape[-1])[0]
+    words, start = [], 0
+    for end in offsets.tolist():
+        if end < 0:
+            break
+        words.append(tuple(int(t) for t in flat[start:end]))
+        start = end
+    return tuple(w for w in words if w)
 
 
 def parameters(args: dict[str, str]) -> dict[str, str]:
@@ -76,6 +121,7 @@ class TensorRTLLMModel(PythonModel):
     """`tensorrt_llm` (target) and `tensorrt_llm_draft`: one engine directory, TensorRT-LLM's tensors."""
 
     def initialize(self, args: dict[str, str]) -> None:
+        from trtspec.build.torch_engine import read_engine_config
         from trtspec.speculative.engine_session import CachedModel
         from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
         from trtspec.speculative.model import load_transformer
@@ -97,6 +143,8 @@ class TensorRTLLMModel(PythonModel):
         self.end_id = eos[0] if isinstance(eos, list) else eos
         self.defaults = json.loads(p.get("trtspec_sampling", "{}"))
         self.exclude_input = p.get("exclude_input_in_output", "False").lower() == "true"
+        self.declared = [tensor["name"] for tensor in config.get("input", [])]
+        self.max_draft_len = int(read_engine_config(engine).get("build_config", {}).get("max_draft_len") or 0)
         k = self.runner.num_draft_tokens if self.runner is not None else 0
         mode = "mtp" if self.runner is not None else "none"
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, k)
@@ -125,15 +173,13 @@ class TensorRTLLMModel(PythonModel):
         from trtspec.speculative.runner import Step
 
         arrival = time.time_ns()
-        for name in UNSUPPORTED:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None and tensor.as_numpy().size > 0:
-                raise RequestError(f"{name} is not supported by trtspec's torch engine")
-        for name in ("beam_width", "num_return_sequences"):
-            if int(scalar(request, name, 1)) != 1:
-                raise RequestError(f"{name} other than 1 is not supported by trtspec's torch engine")
-        if int(scalar(request, "min_tokens", 0)) > 0:
-            raise RequestError("min_tokens is not supported by trtspec's torch engine")
+        refused = refused_inputs(request, self.declared)
+        if refused is not None:
+            raise RequestError(f"{refused} is not supported by trtspec's torch engine")
+        if word_list(request, "bad_words_list"):
+            raise RequestError("bad_words_list is not supported by trtspec's torch engine")
+        stop_words = word_list(request, "stop_words_list")
+        min_tokens = int(scalar(request, "min_tokens", 0))
         prompt = ids(request, "input_ids")
         if not prompt:
             raise RequestError("input_ids is required and must not be empty")
@@ -142,6 +188,13 @@ class TensorRTLLMModel(PythonModel):
         if max_new < 1:
             raise RequestError(f"request_output_len must be >= 1, got {max_new}")
         drafts = ids(request, "draft_input_ids") or []
+        if len(drafts) > self.max_draft_len:
+            raise RequestError(
+                f"draft_input_ids has {len(drafts)} tokens, more than this engine's max_draft_len "
+                f"{self.max_draft_len}: ask for fewer num_draft_tokens or rebuild with more"
+            )
+        if min_tokens > 0 and (drafts or self.runner is not None):
+            raise RequestError("min_tokens with speculation is not supported by trtspec's torch engine")
         if len(prompt) + max_new + len(drafts) + 1 > self.engine.capacity:
             raise RequestError(
                 f"input ({len(prompt)} tokens) + request_output_len ({max_new}) exceed the engine's "
@@ -170,7 +223,7 @@ class TensorRTLLMModel(PythonModel):
             q = None
             if q_logits is not None and q_logits.as_numpy().size:
                 q = torch.from_numpy(np.array(q_logits.as_numpy(), dtype=np.float32).reshape(len(drafts), -1))
-            out = self.engine.verify_drafts(prompt, drafts, q, sampling, generator, end_id, max_new)
+            out = self.engine.verify_drafts(prompt, drafts, q, sampling, generator, end_id, max_new, stop_words)
             new, drafted, accepted = out.tokens, out.draft_tokens, out.accepted_tokens
             steps = [Step(drafted, accepted, 0.0, (time.time_ns() - scheduled) / 1e9)]  # the caller drafted
             stream(new)
@@ -191,8 +244,9 @@ class TensorRTLLMModel(PythonModel):
             drafted, accepted, steps = g.stats.draft_tokens, g.stats.accepted_tokens, g.stats.step_log
         else:
             out = self.engine.decode(
-                prompt, max_new, sampling, generator, end_id, keep_logits=want_logits, on_token=lambda t: stream([t])
-            )
+                prompt, max_new, sampling, generator, end_id, keep_logits=want_logits,
+                on_token=lambda t: stream([t]), stop_sequences=stop_words, min_tokens=min_tokens,
+            )  # fmt: skip
             new, drafted, accepted, logits, steps = out.tokens, 0, 0, out.logits, []
         last = time.time_ns()
         self._kv()
@@ -206,6 +260,10 @@ class TensorRTLLMModel(PythonModel):
             values = logits.numpy() if logits is not None else np.zeros((0, v), dtype=np.float32)
             outputs.append(array("generation_logits", values[None, None], np.float32))
         outputs += perf_tensors(arrival, scheduled, first[0] or last, last, drafted, accepted)
+        if bool(scalar(request, "return_num_input_tokens", False)):
+            outputs.append(array("num_input_tokens", [[len(prompt)]], np.int32))
+        if bool(scalar(request, "return_num_output_tokens", False)):
+            outputs.append(array("num_output_tokens", [[len(new)]], np.int32))
         return pb_utils.InferenceResponse(outputs)
 
     @staticmethod
@@ -228,22 +286,56 @@ class _TokenizerModel(PythonModel):
         p = parameters(args)
         self.tokenizer = AutoTokenizer.from_pretrained(p["tokenizer_dir"])
         self.special = p.get(self.flag, "True").lower() == "true"
+        self.declared = [t["name"] for t in json.loads(args["model_config"]).get("input", [])]
+
+
+def given(request, name: str) -> bool:
+    """Present with content: an empty string or array counts as not given, as NVIDIA's models read it."""
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return False
+    values = tensor.as_numpy().reshape(-1)
+    return any(v not in (b"", "") for v in values.tolist()) if values.dtype == np.object_ else values.size > 0
+
+
+def strings(request, name: str) -> list[str]:
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return []
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1).tolist()]
 
 
 class PreprocessingModel(_TokenizerModel):
-    """QUERY -> INPUT_ID with the checkpoint's tokenizer; END_ID/PAD_ID default to the tokenizer's."""
+    """QUERY -> INPUT_ID with the checkpoint's tokenizer; END_ID/PAD_ID default to the tokenizer's;
+    stop and bad words become TensorRT-LLM's word lists as NVIDIA's preprocessing writes them."""
 
     flag = "add_special_tokens"
+    HONOURED = frozenset({"QUERY", "REQUEST_OUTPUT_LEN", "END_ID", "PAD_ID", "BAD_WORDS_DICT", "STOP_WORDS_DICT"})
+
+    def _word_list(self, words: list[str]) -> np.ndarray:
+        """[1, 2, L]: the words' token ids end to end, then each word's end offset, padded 0 / -1."""
+        encoded = [ids for w in words if (ids := self.tokenizer.encode(w, add_special_tokens=False))]
+        flat = [t for ids in encoded for t in ids]
+        offsets = np.cumsum([len(ids) for ids in encoded]).tolist() if encoded else []
+        width = max(1, len(flat))
+        if not encoded:
+            return np.zeros((1, 2, 0), dtype=np.int32)
+        rows = [flat + [0] * (width - len(flat)), offsets + [-1] * (width - len(offsets))]
+        return np.array([rows], dtype=np.int32)
 
     def answer(self, request, sender):
         import triton_python_backend_utils as pb_utils
 
+        for name in self.declared:
+            if name not in self.HONOURED and given(request, name):
+                raise RequestError(f"{name} is not supported by trtspec's torch engine")
         query = utf8(request, "QUERY")
         if not query:
             raise RequestError("text_input is required and must not be empty")
-        for name in ("BAD_WORDS_DICT", "STOP_WORDS_DICT", "EMBEDDING_BIAS_WORDS", "DECODER_QUERY"):
-            if scalar(request, name) not in (None, b"", ""):
-                raise RequestError(f"{name} is not supported by trtspec's torch engine")
         if scalar(request, "REQUEST_OUTPUT_LEN") is None:
             raise RequestError("max_tokens is required")
         out_len = int(scalar(request, "REQUEST_OUTPUT_LEN"))
@@ -253,16 +345,15 @@ class PreprocessingModel(_TokenizerModel):
         tokens = tok(query, add_special_tokens=self.special).input_ids
         end = scalar(request, "END_ID", tok.eos_token_id)
         pad = scalar(request, "PAD_ID", tok.pad_token_id if tok.pad_token_id is not None else end)
-        empty_words = np.zeros((1, 2, 0), dtype=np.int32)
         return pb_utils.InferenceResponse(
             [
                 array("INPUT_ID", [tokens], np.int32),
                 array("REQUEST_INPUT_LEN", [[len(tokens)]], np.int32),
-                array("DECODER_INPUT_ID", [[0]], np.int32),
-                array("REQUEST_DECODER_INPUT_LEN", [[0]], np.int32),
-                pb_utils.Tensor("BAD_WORDS_IDS", empty_words),
-                pb_utils.Tensor("STOP_WORDS_IDS", empty_words),
-                array("EMBEDDING_BIAS", [[]], np.float32),
+                array("DECODER_INPUT_ID", [[pad]], np.int32),
+                array("REQUEST_DECODER_INPUT_LEN", [[1]], np.int32),
+                pb_utils.Tensor("BAD_WORDS_IDS", self._word_list(strings(request, "BAD_WORDS_DICT"))),
+                pb_utils.Tensor("STOP_WORDS_IDS", self._word_list(strings(request, "STOP_WORDS_DICT"))),
+                pb_utils.Tensor("EMBEDDING_BIAS", np.zeros((1, 0), dtype=np.float32)),
                 array("REQUEST_OUTPUT_LEN", [[out_len]], np.int32),
                 array("OUT_END_ID", [[end]], np.int32),
                 array("OUT_PAD_ID", [[pad]], np.int32),
@@ -302,8 +393,27 @@ class BLSModel(PythonModel):
     # accepted-length buckets: the BLS learns K per request, so it counts up to this and puts longer in +Inf
     LONGEST_DRAFT_BUCKET = 8
 
+    # client inputs the BLS itself reads; the others go where NVIDIA's ensemble sends them (to_models)
+    OWN = frozenset(
+        {
+            "text_input", "max_tokens", "num_draft_tokens", "use_draft_logits", "stream", "seed",
+            "exclude_input_in_output", "return_perf_metrics", "return_num_input_tokens", "return_num_output_tokens",
+        }
+    )  # fmt: skip
+
     def initialize(self, args: dict[str, str]) -> None:
+        from trtspec.repository import contract
+
         p = parameters(args)
+        self.declared = [t["name"] for t in json.loads(args["model_config"]).get("input", [])]
+        steps = {step["model"]: step["input_map"] for step in contract.ensemble_steps()}
+        # client input -> (model, its input name), wired as NVIDIA's ensemble wires it
+        self.to_models = {
+            client: (model, name)
+            for model in ("preprocessing", "tensorrt_llm")
+            for name, client in steps[model].items()
+            if not client.startswith("_")
+        }
         self.target = p.get("tensorrt_llm_model_name", "tensorrt_llm")
         self.draft = p.get("tensorrt_llm_draft_model_name")
         # Without a draft model the BLS only forwards to tensorrt_llm, which counts (MTP speculates there).
@@ -349,24 +459,35 @@ class BLSModel(PythonModel):
             raise RequestError("cannot perform speculative decoding without draft model")
         if k < 0:
             raise RequestError(f"num_draft_tokens must be >= 0, got {k}")
+        forwarded: dict[str, dict[str, np.ndarray]] = {"preprocessing": {}, "tensorrt_llm": {}}
+        for name in self.declared:
+            if name in self.OWN or not given(request, name):
+                continue
+            if name not in self.to_models:
+                raise RequestError(f"{name} is not supported by trtspec's torch engine")
+            model, target_name = self.to_models[name]
+            forwarded[model][target_name] = pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+        if k > 0 and "min_tokens" in forwarded["tensorrt_llm"]:
+            raise RequestError("min_tokens with speculation is not supported by trtspec's torch engine")
+        for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
+            if bool(scalar(request, name, False)):  # NVIDIA's BLS documents these as unsupported too
+                raise RequestError(f"{name} is not supported by the BLS model")
+            forwarded["tensorrt_llm"].pop(name, None)
         pre_inputs = {
+            **forwarded["preprocessing"],
             "QUERY": np.array([[(prompt or "").encode("utf-8")]], dtype=np.object_),
             "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], dtype=np.int32),
         }
-        for client, name in (("end_id", "END_ID"), ("pad_id", "PAD_ID")):
-            if (value := scalar(request, client)) is not None:
-                pre_inputs[name] = np.array([[value]], dtype=np.int32)
-        pre = self._call("preprocessing", pre_inputs, ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_END_ID"])
+        words = ["STOP_WORDS_IDS", "BAD_WORDS_IDS"]
+        pre = self._call("preprocessing", pre_inputs, ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_END_ID", *words])
         seq = pre["INPUT_ID"][0][: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
         n_prompt = len(seq)
-        common = {"end_id": pre["OUT_END_ID"].reshape(1, 1).astype(np.int32)}
-        for client, name, dtype in (
-            ("temperature", "temperature", np.float32),
-            ("top_k", "runtime_top_k", np.int32),
-            ("top_p", "runtime_top_p", np.float32),
-        ):
-            if (value := scalar(request, client)) is not None:
-                common[name] = np.array([[value]], dtype=dtype)
+        common = {
+            **forwarded["tensorrt_llm"],
+            "end_id": pre["OUT_END_ID"].reshape(1, 1).astype(np.int32),
+            "stop_words_list": pre["STOP_WORDS_IDS"],
+            "bad_words_list": pre["BAD_WORDS_IDS"],
+        }
         seed = scalar(request, "seed")
         base = int(seed) if seed is not None else secrets.randbits(62)
         scheduled, first = time.time_ns(), 0
@@ -437,4 +558,8 @@ class BLSModel(PythonModel):
         outputs = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))]
         drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
         outputs += perf_tensors(arrival, scheduled, first, last, drafted, accepted)
+        if bool(scalar(request, "return_num_input_tokens", False)):
+            outputs.append(array("num_input_tokens", [[n_prompt]], np.int32))
+        if bool(scalar(request, "return_num_output_tokens", False)):
+            outputs.append(array("num_output_tokens", [[len(seq) - n_prompt]], np.int32))
         return pb_utils.InferenceResponse(outputs)

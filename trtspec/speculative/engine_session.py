@@ -35,6 +35,10 @@ class Decoded:
     accepted_tokens: int = 0
 
 
+def ends_with_any(tokens: list[int], sequences: tuple[tuple[int, ...], ...]) -> bool:
+    return any(seq and len(tokens) >= len(seq) and tuple(tokens[-len(seq) :]) == seq for seq in sequences)
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case, compared in C: one sequence extends the other
@@ -96,11 +100,18 @@ class CachedModel:
         end_id: int | None,
         keep_logits: bool = False,
         on_token: Callable[[int], None] | None = None,
+        stop_sequences: tuple[tuple[int, ...], ...] = (),
+        min_tokens: int = 0,
     ) -> Decoded:
-        """Plain autoregressive decoding of up to `max_new` tokens (the draft model's job)."""
+        """Plain autoregressive decoding of up to `max_new` tokens (the draft model's job). As in
+        TensorRT-LLM, a stop sequence ends it with the sequence included, and the end token cannot be
+        drawn before `min_tokens` tokens (NVIDIA's BLS asks the draft for exactly K this way)."""
         seq, out, kept = list(prompt), [], []
         for _ in range(max_new):
             logits = self.forward(seq, 1)[0]
+            if end_id is not None and len(out) < min_tokens:
+                logits = logits.clone()
+                logits[end_id] = float("-inf")
             probs = probs_from_logits(logits[None], sampling)
             token = int(probs.argmax(-1)) if sampling.greedy else int(sample(probs, generator)[0])
             if token == end_id:
@@ -111,6 +122,8 @@ class CachedModel:
                 kept.append(logits)
             if on_token is not None:
                 on_token(token)
+            if ends_with_any(out, stop_sequences):
+                return Decoded(out, torch.stack(kept) if keep_logits and kept else None, True)
         return Decoded(out, torch.stack(kept) if keep_logits and kept else None, False)
 
     def verify_drafts(
@@ -122,6 +135,7 @@ class CachedModel:
         generator: torch.Generator | None,
         end_id: int | None,
         max_new: int,
+        stop_sequences: tuple[tuple[int, ...], ...] = (),
     ) -> Decoded:
         """One target pass over prompt + drafts: the accepted drafts, then the residual or bonus token."""
         k = len(drafts)
@@ -137,6 +151,10 @@ class CachedModel:
         ended = end_id in new
         if ended:
             new = new[: new.index(end_id)]
+        for n in range(1, len(new) + 1):
+            if ends_with_any(new[:n], stop_sequences):
+                new, ended = new[:n], True
+                break
         # the cache now holds rejected drafts past prompt + m: mark only the committed prefix valid
         self.slots[-1].tokens = (prompt + drafts)[: len(prompt) + m]
         return Decoded(new, None, ended, draft_tokens=k, accepted_tokens=m)
