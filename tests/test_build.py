@@ -103,7 +103,7 @@ def test_draft_target_engine_recipe_equals_the_documented_one(tmp_path):
     ]
     # one deliberate difference: both engines keep generation logits, so NVIDIA's documented BLS request
     # with use_draft_logits: true is served (the README's own note: the flag is needed for logit acceptance)
-    documented = [c + ["--gather_generation_logits"] if c[0] == "trtllm-build" else c for c in documented]
+    documented = [[*c, "--gather_generation_logits"] if c[0] == "trtllm-build" else c for c in documented]
     assert [as_argv(c) for c in ours] == documented
     # and the builder's own plan for the config uses the same recipe (family from config.json)
     planned = builder.tensorrt_commands(cfg, "target", cfg.target, str(target), 10, "/w", "/e")

@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("all_models", type=Path)
     ap.add_argument("--label", required=True, help="a short name for this source, e.g. trtllm-1.2")
     ap.add_argument("--repo", required=True)
-    ap.add_argument("--commit", required=True, help="the commit the files were read at, or one per file: PATH=SHA,PATH=SHA")
+    ap.add_argument("--commit", required=True, help="the commit of the tree, or one per file: PATH=SHA,PATH=SHA")
     ap.add_argument("--trtllm", required=True, help="TensorRT-LLM version of these files")
     ap.add_argument("--path-prefix", default="triton_backend/all_models")
     ap.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT)

@@ -19,6 +19,7 @@ from trtspec.repository.pbtxt import Tensor, ensemble_step, model_config
 
 LOGITS = contract.DATA_TYPE_PARAMETERS["logits_datatype"]
 
+
 # Every tensor NVIDIA's templates declare, over all the trees in the contract: NVIDIA's python models
 # look outputs up by name at load time and the BLS asks for them, so none may be left out. trtspec's
 # own python models honour what they can and refuse the rest with an error naming the input.
