@@ -91,7 +91,9 @@ def findings(data: dict) -> dict[str, list]:
 def test_clean_pair_has_no_error(tmp_path):
     found = findings(config(tmp_path, make(tmp_path / "t"), make(tmp_path / "d", num_hidden_layers=2)))
     assert not [f for fs in found.values() for f in fs if f.severity == "error"], found
-    assert set(found) <= {"compute-capability", "memory"}
+    # the informational ones: what check could not see, and the serving trade-offs it reports
+    assert set(found) <= {"compute-capability", "memory", "max-draft-len", "kv-shared-gpu"}
+    assert all(f.severity == "info" for code in ("max-draft-len", "kv-shared-gpu") for f in found.get(code, []))
 
 
 def test_different_tokenizer_is_an_error_with_the_differing_tokens(tmp_path):
@@ -282,6 +284,13 @@ DEEPSEEK_R1 = {
     "num_nextn_predict_layers": 1,
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
+    # as published: DeepSeek-R1 ships FP8 block-quantized weights
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
 }
 
 
@@ -318,9 +327,28 @@ def test_memory_llama_70b_with_1b_draft_on_one_h200(tmp_path):
     assert mem["weights_gb_per_gpu"] == pytest.approx(weights_gb, rel=0.05)
     assert mem["kv_needed_gb_per_gpu"] == pytest.approx(kv_gb, rel=0.05)
     assert mem["kv_needed_gb_per_gpu"] < mem["kv_budget_gb_per_gpu"]  # 25.8 GB needed, (141-73-3) x 0.9 left
-    f_t, f_d = mem["kv_fraction_split"]
-    assert f_t == pytest.approx(0.9 * 163840 / 196608, abs=1e-3) and 0 < f_d < 1
+    if data["build"].get("backend", "tensorrt") == "tensorrt":  # both caches fit: each gets every token it wants
+        shared = next(f for f in report.findings if f.code == "kv-shared-gpu")
+        assert shared.severity == "info" and f"max_tokens_in_paged_kv_cache {16 * 8192} of the" in shared.message
     assert not [f for f in report.findings if f.severity == "error"]
+
+
+def test_pytorch_quantization_must_come_from_the_checkpoint(tmp_path):
+    """The LLM API quantizes nothing itself: fp8 on a BF16 checkpoint is an error, on an FP8 one it is read."""
+    plain = dict(DEEPSEEK_R1)
+    del plain["quantization_config"]
+    for cfg_json, expect in ((plain, "error"), (DEEPSEEK_R1, None)):
+        data = config(
+            tmp_path, _published(tmp_path, f"r1-{expect}", cfg_json), speculation={"mode": "mtp"},
+            build={"backend": "pytorch", "tp": 8, "gpu_memory_gb": 141}, serve={"flavour": "llmapi"},
+        )  # fmt: skip
+        data["target"]["quantization"] = "fp8"
+        report = run_check(validate_config(data))
+        ignored = [f for f in report.findings if f.code == "quantization-ignored"]
+        assert [f.severity for f in ignored] == ([expect] if expect else []), report.findings
+        # the memory plan counts what would load: BF16 weights where the checkpoint is not quantized
+        per_gpu = report.facts["memory"]["target_weights_gb_per_gpu"]
+        assert per_gpu > 150 if expect else per_gpu < 100
 
 
 def test_memory_deepseek_r1_mtp_on_8_gpus(tmp_path):

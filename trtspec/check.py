@@ -315,10 +315,14 @@ def _check_memory(
     if gpu_gb is None:
         report.add("info", "memory", "GPU memory unknown: set build.gpu_memory_gb to check memory", "")
         return
-    tm = model_memory(target.config, cfg.target.dtype, cfg.target.quantization, b.backend, b.tp, b.pp)
+
+    def quantization(section, info: CheckpointInfo) -> str:  # pytorch: only what the checkpoint carries
+        return section.quantization if b.backend != "pytorch" or pre_quantized(info) else "none"
+
+    tm = model_memory(target.config, cfg.target.dtype, quantization(cfg.target, target), b.backend, b.tp, b.pp)
     dm = None
     if draft is not None and cfg.draft is not None:
-        dm = model_memory(draft.config, cfg.draft.dtype, cfg.draft.quantization, b.backend, b.tp, b.pp)
+        dm = model_memory(draft.config, cfg.draft.dtype, quantization(cfg.draft, draft), b.backend, b.tp, b.pp)
     plan = MemoryPlan(gpu_gb, tm, dm, b.max_batch_size * b.max_seq_len, b.kv_cache_free_gpu_mem_fraction)
     report.facts["memory"] = plan.as_dict()
     if plan.weights_gb > gpu_gb:
@@ -340,16 +344,77 @@ def _check_memory(
             f"about {fits} full-length sequences fit",
             "lower max_batch_size or max_seq_len, or raise tp",
         )
-    split = plan.fraction_split()
-    if split is not None and b.backend == "tensorrt":
+
+
+def pre_quantized(info: CheckpointInfo) -> bool:
+    """A checkpoint that carries its own quantization (ModelOpt's hf_quant_config.json, or a
+    quantization_config in config.json): what the LLM API reads, since it quantizes nothing itself."""
+    return "quantization_config" in info.config or (info.path / "hf_quant_config.json").is_file()
+
+
+def _check_quantization(cfg: DeploymentConfig, infos: dict[str, CheckpointInfo | None], report: Report) -> None:
+    """Backend pytorch takes quantization from the checkpoint: `quantization: fp8` alone changes nothing."""
+    if cfg.build.backend != "pytorch":
+        return
+    for role, info in infos.items():
+        section = getattr(cfg, role)
+        if section is None or section.quantization == "none":
+            continue
+        if info is None:
+            report.add(
+                "warning",
+                "quantization-from-checkpoint",
+                f"{role}.quantization {section.quantization}: backend pytorch applies it only if "
+                f"{section.checkpoint} is itself quantized (e.g. a ModelOpt FP8 checkpoint)",
+                "use a pre-quantized checkpoint, or backend tensorrt to quantize at build",
+            )
+        elif not pre_quantized(info):
+            report.add(
+                "error",
+                "quantization-ignored",
+                f"{role}.quantization {section.quantization}: backend pytorch takes quantization from the "
+                f"checkpoint, and {info.path} is not quantized: it would load in {section.dtype}",
+                "point the checkpoint at a pre-quantized one (ModelOpt hf_quant_config.json), quantize it with "
+                "ModelOpt first, or use backend tensorrt",
+            )
+
+
+def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
+    """The trade-offs trtspec makes for serving (manifest.json's `serving`), shown before they matter."""
+    from trtspec.build.builder import serving_decisions
+    from trtspec.build.shared_gpu import shared_gpu_plan
+
+    k = cfg.speculation.num_draft_tokens
+    if isinstance(k, int) and (longest := serving_decisions(cfg, k).get("target_max_draft_len")):
         report.add(
             "info",
-            "kv-fraction-split",
-            f"two models share each GPU: set kv_cache_free_gpu_mem_fraction to "
-            f"{split[0]} for the target and {split[1]} for the draft (target loaded first) so each gets "
-            "KV memory in proportion to its bytes per token",
-            "trtspec writes these into the repository",
+            "max-draft-len",
+            f"the target engine takes up to {longest['value']} drafts (num_draft_tokens {k}, with room for "
+            "NVIDIA's documented request of 10); a request asking for more is refused",
+            "",
         )
+    plan = shared_gpu_plan(cfg)
+    if plan is None:
+        return
+    b = cfg.build
+    if plan.max_tokens_in_paged_kv_cache < b.max_seq_len:
+        report.add(
+            "error",
+            "kv-shared-gpu",
+            f"target and draft share GPUs {plan.gpu_device_ids}: each KV cache fits {plan.max_tokens_in_paged_kv_cache}"
+            f" tokens, less than one max_seq_len {b.max_seq_len} sequence ({plan.basis})",
+            "quantize, raise tp, or lower max_seq_len",
+        )
+        return
+    report.add(
+        "info",
+        "kv-shared-gpu",
+        f"target and draft share GPUs {plan.gpu_device_ids}: each gets max_tokens_in_paged_kv_cache "
+        f"{plan.max_tokens_in_paged_kv_cache} of the {plan.tokens_needed} max_batch_size x max_seq_len wants, "
+        f"at kv_cache_free_gpu_mem_fraction {plan.kv_cache_free_gpu_mem_fraction}, whichever loads first "
+        f"({plan.basis})",
+        "trtspec writes these into the repository and manifest.json",
+    )
 
 
 def detect_gpu() -> tuple[float | None, float | None]:
@@ -375,6 +440,8 @@ def run_check(cfg: DeploymentConfig) -> Report:
     if cfg.mode == "mtp" and target is not None:
         _check_mtp(cfg, target, report)
     _check_limits(cfg, target, draft, report)
+    _check_quantization(cfg, {"target": target, "draft": draft}, report)
     if target is not None:
         _check_memory(cfg, target, draft, gpu_gb, report)
+    _check_serving(cfg, report)
     return report

@@ -285,6 +285,22 @@ def _pytorch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) 
 SKIP_WARM_UP_ENV = "TRTSPEC_SKIP_WARM_UP"
 
 
+def serving_decisions(cfg: DeploymentConfig, k: int) -> dict[str, Any]:
+    """The trade-offs the engines and repository are made with, written into manifest.json and shown by check."""
+    from trtspec.build.shared_gpu import shared_gpu_plan
+
+    decisions: dict[str, Any] = {}
+    if cfg.mode == "draft-target" and cfg.build.backend in ("tensorrt", "torch"):
+        decisions["target_max_draft_len"] = {
+            "value": engine_max_draft_len(k),
+            "num_draft_tokens": k,
+            "why": "room for NVIDIA's documented num_draft_tokens 10; requests above it are refused",
+        }
+    if (plan := shared_gpu_plan(cfg)) is not None:
+        decisions["shared_gpu"] = plan.as_dict()
+    return decisions
+
+
 def warm_up_fits_one_host(cfg: DeploymentConfig) -> bool:
     """The warm-up loads the model in one process on one host: not for tp x pp beyond a node's GPUs."""
     return cfg.build.tp * cfg.build.pp <= cfg.deploy.gpus_per_node
@@ -373,6 +389,7 @@ def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = l
     manifest.tools = tool_versions()
     manifest.inputs = fingerprints
     manifest.num_draft_tokens = k
+    manifest.serving = serving_decisions(cfg, k)
     for stale in set(manifest.steps) - {s.name for s in steps}:
         shutil.rmtree(engine_dir / manifest.steps.pop(stale).output, ignore_errors=True)
     built, skipped = [], []

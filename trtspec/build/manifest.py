@@ -102,6 +102,7 @@ class Manifest:
     inputs: dict[str, Any] = field(default_factory=dict)
     steps: dict[str, StepRecord] = field(default_factory=dict)
     num_draft_tokens: int | None = None
+    serving: dict[str, Any] = field(default_factory=dict)  # trade-offs the repository is generated with
 
     @classmethod
     def load(cls, engine_dir: Path) -> Manifest | None:
@@ -136,6 +137,7 @@ class Manifest:
             "config_sha256": self.config_sha256,
             "config_path": self.config_path,
             "num_draft_tokens": self.num_draft_tokens,
+            "serving": self.serving,
             "tools": self.tools,
             "inputs": self.inputs,
             "steps": {

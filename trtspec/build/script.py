@@ -209,7 +209,7 @@ def _step_record(step: str) -> str:
 
 def _manifest_lines(cfg: DeploymentConfig, k: int) -> list[str]:
     """The same manifest.json `trtspec build` writes: config hash, inputs, each step's commands."""
-    from trtspec.build.builder import plan_steps
+    from trtspec.build.builder import plan_steps, serving_decisions
     from trtspec.build.manifest import tool_versions
 
     steps, fingerprints = plan_steps(cfg, engine_dir_for(cfg), k)
@@ -220,6 +220,7 @@ def _manifest_lines(cfg: DeploymentConfig, k: int) -> list[str]:
         "config_sha256": cfg.digest(),
         "config_path": str(cfg.source) if cfg.source else None,
         "num_draft_tokens": k,
+        "serving": serving_decisions(cfg, k),
         "tools": {"trtspec": tool_versions()["trtspec"], "tensorrt_llm": None, "emitted_script": True},
         "inputs": fingerprints,
         "steps": {

@@ -113,20 +113,6 @@ class MemoryPlan:
     def kv_budget_gb(self) -> float:
         return max(0.0, self.gpu_gb - self.weights_gb - RUNTIME_RESERVE_GB) * self.kv_fraction
 
-    def fraction_split(self) -> tuple[float, float] | None:
-        """kv_cache_free_gpu_mem_fraction for target and draft sharing a GPU, target loaded first.
-
-        Each model takes its fraction of the memory free when it loads, so the draft's fraction is
-        of what the target left: f_d = s_d F / (1 - s_t F) gives each model its share s of F.
-        """
-        if self.draft is None:
-            return None
-        t, d = self.target.kv_bytes_per_token_per_gpu, self.draft.kv_bytes_per_token_per_gpu
-        share_t = t / (t + d)
-        f_t = share_t * self.kv_fraction
-        f_d = (1 - share_t) * self.kv_fraction / (1 - f_t)
-        return round(f_t, 3), round(f_d, 3)
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "gpu_memory_gb": self.gpu_gb,
@@ -142,5 +128,4 @@ class MemoryPlan:
             "kv_needed_gb_per_gpu": round(self.kv_needed_gb, 2),
             "kv_budget_gb_per_gpu": round(self.kv_budget_gb, 2),
             "runtime_reserve_gb": RUNTIME_RESERVE_GB,
-            "kv_fraction_split": self.fraction_split(),
         }

@@ -40,6 +40,32 @@ class PythonModel:
         raise NotImplementedError
 
 
+def given(request, name: str) -> bool:
+    """Present with content: an empty string or array counts as not given, as NVIDIA's models read it."""
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return False
+    values = tensor.as_numpy().reshape(-1)
+    return any(v not in (b"", "") for v in values.tolist()) if values.dtype == np.object_ else values.size > 0
+
+
+def first_refused(request, declared: list[str], honoured: frozenset[str], neutral: dict[str, Any]) -> str | None:
+    """The first declared input a request gives that the model neither honours nor finds at its no-op
+    value, so nothing a client sends is accepted and then ignored."""
+    import triton_python_backend_utils as pb_utils
+
+    for name in declared:
+        if name in honoured or not given(request, name):
+            continue
+        values = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1).tolist()
+        if name in neutral and all(v == neutral[name] for v in values):
+            continue
+        return name
+    return None
+
+
 def scalar(request, name: str, default: Any = None) -> Any:
     import triton_python_backend_utils as pb_utils
 

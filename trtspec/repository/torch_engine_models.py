@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.repository.pb import PythonModel, RequestError, scalar, utf8
+from trtspec.repository.pb import PythonModel, RequestError, first_refused, given, scalar, utf8
 from trtspec.repository.spec_metrics import BLS_REQUEST_PREFIX, SpecMetrics
 
 # What trtspec's torch engine does with each input TensorRT-LLM's tensorrt_llm model declares. An
@@ -48,22 +48,6 @@ NEUTRAL: dict[str, object] = {
     "return_context_logits": False,
     "stop": False,
 }
-
-
-def refused_inputs(request, declared: list[str]) -> str | None:
-    """The first declared input this request gives that trtspec's torch engine cannot honour."""
-    import triton_python_backend_utils as pb_utils
-
-    for name in declared:
-        if name in HONOURED or name in NO_EFFECT:
-            continue
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is None or tensor.as_numpy().size == 0:
-            continue
-        if name in NEUTRAL and all(v == NEUTRAL[name] for v in tensor.as_numpy().reshape(-1).tolist()):
-            continue
-        return name
-    return None
 
 
 def word_list(request, name: str) -> tuple[tuple[int, ...], ...]:
@@ -173,7 +157,7 @@ class TensorRTLLMModel(PythonModel):
         from trtspec.speculative.runner import Step
 
         arrival = time.time_ns()
-        refused = refused_inputs(request, self.declared)
+        refused = first_refused(request, self.declared, HONOURED | NO_EFFECT, NEUTRAL)
         if refused is not None:
             raise RequestError(f"{refused} is not supported by trtspec's torch engine")
         if word_list(request, "bad_words_list"):
@@ -287,17 +271,6 @@ class _TokenizerModel(PythonModel):
         self.tokenizer = AutoTokenizer.from_pretrained(p["tokenizer_dir"])
         self.special = p.get(self.flag, "True").lower() == "true"
         self.declared = [t["name"] for t in json.loads(args["model_config"]).get("input", [])]
-
-
-def given(request, name: str) -> bool:
-    """Present with content: an empty string or array counts as not given, as NVIDIA's models read it."""
-    import triton_python_backend_utils as pb_utils
-
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return False
-    values = tensor.as_numpy().reshape(-1)
-    return any(v not in (b"", "") for v in values.tolist()) if values.dtype == np.object_ else values.size > 0
 
 
 def strings(request, name: str) -> list[str]:

@@ -9,13 +9,50 @@ response and the instance stays up for the next one.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from trtspec.repository.pb import PythonModel, RequestError, scalar, string_tensor, utf8
+from trtspec.repository.pb import PythonModel, RequestError, first_refused, scalar, string_tensor, utf8
+
+# What this model does with each input NVIDIA's llmapi model declares; any other given input is refused.
+HONOURED = frozenset(
+    {
+        "text_input", "streaming", "sampling_param_temperature", "sampling_param_top_k", "sampling_param_top_p",
+        "sampling_param_max_tokens", "sampling_param_stop", "sampling_param_seed",
+        "sampling_param_exclude_input_from_output", "sampling_param_return_perf_metrics", "return_finish_reason",
+        "return_stop_reason",
+    }
+)  # fmt: skip
+NEUTRAL = {
+    "sampling_param_best_of": 1,
+    "sampling_param_frequency_penalty": 0.0,
+    "sampling_param_presence_penalty": 0.0,
+    "return_cumulative_logprob": False,
+    "stop": False,
+}
+
+
+def stop_strings(request) -> list[str]:
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, "sampling_param_stop")
+    if tensor is None:
+        return []
+    words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in tensor.as_numpy().reshape(-1).tolist()]
+    return [w for w in words if w]
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, str | None]:
+    """The text before the earliest stop string (the LLM API leaves the stop string out), and which one."""
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if not hits:
+        return text, None
+    at, word = min(hits)
+    return text[:at], word
 
 
 class TorchLLMAPIModel(PythonModel):
@@ -34,6 +71,7 @@ class TorchLLMAPIModel(PythonModel):
         mode = decoding_mode(self.options)
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.runner.num_draft_tokens)
         self.metrics.kv_cache(0, self.max_seq_len)
+        self.declared = [t["name"] for t in json.loads(args["model_config"]).get("input", [])]
 
     def _params(self, request):
         from trtspec.speculative.runner import GenerationParams
@@ -61,9 +99,14 @@ class TorchLLMAPIModel(PythonModel):
         import triton_python_backend_utils as pb_utils
 
         arrival = time.time_ns()
+        refused = first_refused(request, self.declared, HONOURED, NEUTRAL)
+        if refused is not None:
+            raise RequestError(f"{refused} is not supported by trtspec's torch engine")
         prompt = utf8(request, "text_input")
         if prompt is None or prompt == "":
             raise RequestError("text_input is required and must not be empty")
+        stops = stop_strings(request)
+        hold = max((len(s) for s in stops), default=1) - 1  # streamed text that may still begin a stop string
         params = self._params(request)
         ids = self.tokenizer(prompt).input_ids
         reserved = len(ids) + params.max_tokens + self.runner.num_draft_tokens + 2  # the runner's cache for it
@@ -80,18 +123,19 @@ class TorchLLMAPIModel(PythonModel):
         want_reason = bool(scalar(request, "return_finish_reason", False))
         tokens: list[int] = []
         sent = [0, 0]  # characters of text already streamed, time of first token
+        stopped: list[str | None] = [None]
 
-        def on_tokens(_row: int, new: list[int]) -> None:
+        def on_tokens(_row: int, new: list[int]) -> bool:
             if not sent[1]:
                 sent[1] = time.time_ns()
             tokens.extend(new)
-            if streaming:
-                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                if text.endswith("\ufffd"):
-                    return  # an incomplete UTF-8 sequence: wait for the next tokens
-                delta, sent[0] = text[sent[0] :], len(text)
-                if delta:
-                    sender.send(pb_utils.InferenceResponse([string_tensor("text_output", delta)]))
+            text, stopped[0] = cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), stops)
+            if streaming and not text.endswith("\ufffd"):  # an incomplete UTF-8 sequence waits for more
+                safe = len(text) if stopped[0] else max(sent[0], len(text) - hold)
+                if safe > sent[0]:
+                    sender.send(pb_utils.InferenceResponse([string_tensor("text_output", text[sent[0] : safe])]))
+                    sent[0] = safe
+            return stopped[0] is not None
 
         scheduled = time.time_ns()
         self.metrics.kv_cache(reserved, self.max_seq_len)
@@ -103,12 +147,14 @@ class TorchLLMAPIModel(PythonModel):
         first = sent[1] or last
         n = len([t for t in generation.tokens if t not in params.stop_token_ids])
         self.metrics.record(generation.stats.step_log, (first - arrival) / 1e9, n, (last - first) / 1e9)
-        text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
+        text, stop_word = cut_at_stop(self.tokenizer.decode(generation.tokens, skip_special_tokens=True), stops)
         outputs = [string_tensor("text_output", text[sent[0] :] if streaming else text)]
         if not streaming and not exclude_input:
             outputs = [string_tensor("text_output", prompt + text)]
         if want_reason:
-            outputs.append(string_tensor("finish_reason", generation.finish_reason))
+            outputs.append(string_tensor("finish_reason", "stop" if stop_word else generation.finish_reason))
+        if bool(scalar(request, "return_stop_reason", False)):
+            outputs.append(string_tensor("stop_reason", str(stop_word)))
         if perf:
             s = generation.stats
             outputs += [

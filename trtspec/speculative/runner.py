@@ -80,7 +80,8 @@ class Generation:
     stats: RequestStats
 
 
-TokenCallback = Callable[[int, list[int]], None]
+# on_tokens(row, tokens) streams each accepted chunk; returning True stops that row (a stop string seen)
+TokenCallback = Callable[[int, list[int]], bool | None]
 
 
 class SpeculativeRunner:
@@ -160,7 +161,8 @@ class SpeculativeRunner:
             state.tokens.scatter_(1, positions, torch.where(keep, new, state.tokens.gather(1, positions)))
             if on_tokens is not None:
                 for b in torch.nonzero(count).flatten().tolist():
-                    on_tokens(b, new[b, : int(count[b])].tolist())
+                    if on_tokens(b, new[b, : int(count[b])].tolist()) is True:  # the caller saw a stop string
+                        stopped[b] = True
             state.lengths += count
             produced.add_(count)
             state.active &= ~stopped & (produced < params.max_tokens)
