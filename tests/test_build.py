@@ -492,3 +492,69 @@ def test_emitted_engine_script_runs_end_to_end_with_stand_in_tools(tmp_path):
     (fake / "bin" / "trtllm-build").write_text(FAKE_TRTLLM_BUILD.replace('args.get("max_draft_len", 0)', "0"))
     res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "--max_draft_len=10" in res.stderr and not (engines / "target").exists()
+
+
+def test_a_two_node_model_skips_the_one_host_warm_up(runner, tmp_path, monkeypatch):
+    """TP16 over two 8-GPU nodes cannot load in one process on the build host: the script says so."""
+    _, text = emit_script(runner, tmp_path, monkeypatch, "deepseek-r1-mtp-2x8-h100.yaml")
+    assert "python3 -c" not in text.split("<<'YAML'", 1)[1].split("# serve it with", 1)[0]
+    assert "warm-up skipped: tp x pp = 16 GPUs span nodes of 8" in text
+    (tmp_path / "one").mkdir()
+    _, single = emit_script(runner, tmp_path / "one", monkeypatch, "deepseek-r1-mtp-8gpu.yaml")
+    assert 'if [ "${TRTSPEC_SKIP_WARM_UP:-0}" != 1 ]; then' in single and "python3 -c" in single
+
+
+def test_draft_target_decoding_type_follows_the_version(tmp_path):
+    """1.0 and 1.1 map `DraftTarget` in DecodingBaseConfig.from_dict; 1.2 validates the literal `Draft_Target`."""
+    target, draft = pair(tmp_path)
+    data = {
+        "name": "dtm",
+        "target": {"checkpoint": str(target)},
+        "draft": {"checkpoint": str(draft)},
+        "speculation": {"mode": "draft-target", "num_draft_tokens": 4},
+        "serve": {"flavour": "llmapi"},
+    }
+    spellings = {}
+    for version in ("1.0.0", "1.1.0", "1.2.0", "1.2.1"):
+        cfg = validate_config({**data, "build": {"backend": "pytorch", "tensorrt_llm_version": version}})
+        spellings[version] = recipes.llm_api_options(cfg, 4, "/d")["speculative_config"]["decoding_type"]
+    assert spellings == {
+        "1.0.0": "DraftTarget",
+        "1.1.0": "DraftTarget",
+        "1.2.0": "Draft_Target",
+        "1.2.1": "Draft_Target",
+    }
+
+
+def test_deepseek_mtp_options_follow_nvidias_serving_recipe():
+    """NVIDIA's DeepSeek-R1 deployment guide: --ep_size = --tp_size, an FP8 KV cache, padded CUDA graphs
+    up to the batch size, stream_interval 10 (examples/serve/deepseek_r1_reasoning_parser.sh)."""
+    cfg = load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml")
+    options = recipes.llm_api_options(cfg, 3, None)
+    assert options["moe_expert_parallel_size"] == options["tensor_parallel_size"] == 8
+    assert options["kv_cache_config"] == {
+        "free_gpu_memory_fraction": cfg.build.kv_cache_free_gpu_mem_fraction,
+        "dtype": "fp8",
+    }
+    assert options["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": cfg.build.max_batch_size}
+    assert options["stream_interval"] == 10
+    llama = load_config(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml")
+    assert "moe_expert_parallel_size" not in recipes.llm_api_options(llama, 4, "/d")
+
+
+def test_the_manifest_records_the_serving_trade_offs(tmp_path, monkeypatch):
+    """Shared-GPU KV caps from the memory plan where the checkpoints are local, and the draft room."""
+    monkeypatch.chdir(tmp_path)
+    target, draft = pair(tmp_path)
+    cfg = trt_config(target, draft, gpu_memory_gb=4.0, max_batch_size=64, max_seq_len=4800)
+    decisions = builder.serving_decisions(cfg, 4)
+    assert decisions["target_max_draft_len"]["value"] == 10
+    shared = decisions["shared_gpu"]
+    assert shared["gpu_device_ids"] == "0" and shared["tokens_needed"] == 64 * 4800
+    assert shared["max_tokens_in_paged_kv_cache"] == 64 * 4800 and shared["basis"].startswith("memory plan")
+    tight = trt_config(target, draft, gpu_memory_gb=3.001, max_batch_size=64, max_seq_len=4800)
+    capped = builder.serving_decisions(tight, 4)["shared_gpu"]["max_tokens_in_paged_kv_cache"]
+    assert 0 <= capped < 64 * 4800  # 1 MB of budget: fewer tokens than the engines could use
+    from trtspec.build.script import build_script
+
+    assert '"max_tokens_in_paged_kv_cache": 307200' in build_script(cfg)  # the emitted build writes it too

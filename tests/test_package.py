@@ -135,3 +135,30 @@ def test_a_failed_write_keeps_the_previous_repository(tmp_path, monkeypatch):
         package.package_repository(cfg)
     assert (first / "tensorrt_llm" / "1" / "model.yaml").read_text() == before
     assert [p.name for p in first.parent.iterdir()] == [first.name]  # no staging directory left
+
+
+def test_nvidias_models_come_from_where_the_image_has_them(runner, tmp_path, monkeypatch):
+    """--nvidia-models links model.py and what it imports from another all_models folder."""
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(
+        cli, ["package", str(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml"), "--nvidia-models", "/opt/x/"]
+    )
+    assert res.exit_code == 0, res.output
+    bls = tmp_path / "model_repository" / "llama-3-3-70b-1b-draft" / "tensorrt_llm_bls" / "1"
+    assert os.readlink(bls / "lib") == "/opt/x/inflight_batcher_llm/tensorrt_llm_bls/1/lib"
+    pre = params(read(bls.parent.parent, "preprocessing"))
+    # every template parameter is there: ours filled, the rest unfilled as fill_template leaves them
+    assert pre["multimodal_model_path"] == "${multimodal_model_path}" and pre["add_special_tokens"] == "True"
+    assert read(bls.parent.parent, "preprocessing").dynamic_batching.preferred_batch_size == [16]
+
+
+def test_several_llmapi_instances_get_their_gpus(tmp_path, monkeypatch):
+    """NVIDIA's llmapi model refuses more than one instance without gpu_device_ids."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml")
+    two = cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"instances": 2})})
+    repo = package.package_repository(two)
+    config = read(repo, "tensorrt_llm")
+    assert config.instance_group[0].count == 2
+    assert params(config)["gpu_device_ids"] == "0,1,2,3,4,5,6,7;8,9,10,11,12,13,14,15"
+    assert "gpu_device_ids" not in params(read(package.package_repository(cfg), "tensorrt_llm"))

@@ -69,7 +69,7 @@ class Served:
             return "tensorrt_llm"
         return "tensorrt_llm_bls" if self.mode == "draft-target" else "ensemble"
 
-    def body(self, prompt: str | None = PROMPT, max_tokens=32, perf=False, stream=False) -> dict:
+    def body(self, prompt: str | None = PROMPT, max_tokens=32, perf=False, stream=False, extra=None) -> dict:
         if self.flavour == "llmapi":
             body = {"sampling_param_max_tokens": max_tokens, "sampling_param_return_perf_metrics": perf}
             body["streaming"] = stream
@@ -78,6 +78,7 @@ class Served:
             body["stream"] = stream
             if self.model == "tensorrt_llm_bls":
                 body["num_draft_tokens"] = self.k
+        body.update(extra or {})
         return body if prompt is None else {"text_input": prompt, **body}
 
 
@@ -319,3 +320,41 @@ def test_mtp_through_a_draftless_bls_is_counted_once_by_tensorrt_llm(servers):
     assert delta.requests == delta.speculated_requests == 1 and delta.draft_tokens > 0
     everyone = SpecCounters.read(scrape(served.metrics)) - SpecCounters.read(before)
     assert everyone.requests == 1  # nothing recorded under the BLS's name
+
+
+# An input from each group the full contract declares: one trtspec's torch models honour, one they refuse.
+REFUSED = {
+    "llmapi": [("sampling_param_best_of", 2), ("sampling_param_presence_penalty", 0.5), ("image_url", "http://x")],
+    "engine": [("repetition_penalty", 1.3), ("beam_width", 2), ("bad_words", ["the"]), ("lora_task_id", 3)],
+}
+
+
+@pytest.mark.parametrize("key", ["llmapi-baseline", "engine-baseline", "engine-draft-target"])
+def test_every_declared_input_is_honoured_or_refused_by_name(servers, key):
+    """Nothing a client sends is accepted and ignored: a stop word ends the text at it, an input the torch
+    engine cannot honour is an error naming it; at its no-op value it is accepted."""
+    from transformers import AutoTokenizer
+
+    from trtspec.assets import EMBEDDED_CHECKPOINTS
+
+    served = servers(key)
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_CHECKPOINTS["tiny-target"])
+    plain = {} if served.flavour == "llmapi" else {"exclude_input_in_output": True}  # llmapi: excluded already
+    full = generate(served, max_tokens=32, extra=plain)["text_output"]
+    ids = tok(full, add_special_tokens=False).input_ids
+    # a token that is its own text's whole encoding, so the stop word is that one token
+    at = next(i for i, t in enumerate(ids) if i >= 3 and tok.encode(tok.decode([t]), add_special_tokens=False) == [t])
+    word = tok.decode([ids[at]])
+    stop_field = "sampling_param_stop" if served.flavour == "llmapi" else "stop_words"
+    extra = {stop_field: [word], **plain}
+    stopped = generate(served, max_tokens=32, extra=extra)["text_output"]
+    if served.flavour == "llmapi":  # the LLM API cuts the text before the stop string
+        assert stopped == full[: full.index(word)], (full, word, stopped)
+    else:  # TensorRT-LLM's stop words end the tokens with the word included
+        first = ids.index(ids[at])
+        assert stopped == tok.decode(ids[: first + 1]), (full, word, stopped)
+    for name, value in REFUSED[served.flavour]:
+        status, answer = post(served, "generate", {**served.body(max_tokens=4), name: value})
+        assert status >= 400 and name.replace("bad_words", "bad_words_list") in answer["error"], (name, answer)
+    neutral = "sampling_param_best_of" if served.flavour == "llmapi" else "repetition_penalty"
+    assert generate(served, max_tokens=4, extra={neutral: 1})["text_output"]

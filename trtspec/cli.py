@@ -325,19 +325,24 @@ def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no
         click.echo(f"wrote {summary['repository']}")
 
 
-def _package(cfg):
-    from trtspec.repository.package import package_repository
+def _package(cfg, nvidia_models: str | None = None):
+    from trtspec.repository.package import CONTAINER_MODELS, package_repository
 
-    return package_repository(cfg)
+    return package_repository(cfg, nvidia_models=nvidia_models or CONTAINER_MODELS)
 
 
 @cli.command()
 @config_argument
-def package(config: Path) -> None:
+@click.option(
+    "--nvidia-models",
+    default=None,
+    help="Where the serving image has NVIDIA's all_models (backends tensorrt and pytorch; default /app/all_models).",
+)
+def package(config: Path, nvidia_models: str | None) -> None:
     """Write the Triton model repository for a config into model_repository/NAME (build runs it too)."""
     from trtspec.config import load_config
 
-    click.echo(f"wrote {_package(load_config(config))}")
+    click.echo(f"wrote {_package(load_config(config), nvidia_models)}")
 
 
 @cli.command()
