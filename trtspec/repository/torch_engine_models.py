@@ -50,21 +50,25 @@ NEUTRAL: dict[str, object] = {
 }
 
 
-def word_list(request, name: str) -> tuple[tuple[int, ...], ...]:
+def words(array: np.ndarray) -> tuple[tuple[int, ...], ...]:
     """TensorRT-LLM's [1, 2, L] word list: flat token ids, then each word's end offset (-1 pads)."""
-    import triton_python_backend_utils as pb_utils
-
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None or tensor.as_numpy().size == 0:
+    if array.size == 0:
         return ()
-    flat, offsets = np.asarray(tensor.as_numpy()).reshape(-1, 2, tensor.as_numpy().shape[-1])[0]
-    words, start = [], 0
+    flat, offsets = np.asarray(array).reshape(-1, 2, array.shape[-1])[0]
+    found, start = [], 0
     for end in offsets.tolist():
         if end < 0:
             break
-        words.append(tuple(int(t) for t in flat[start:end]))
+        found.append(tuple(int(t) for t in flat[start:end]))
         start = end
-    return tuple(w for w in words if w)
+    return tuple(w for w in found if w)
+
+
+def word_list(request, name: str) -> tuple[tuple[int, ...], ...]:
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return () if tensor is None else words(tensor.as_numpy())
 
 
 def parameters(args: dict[str, str]) -> dict[str, str]:
@@ -419,6 +423,7 @@ class BLSModel(PythonModel):
     def answer(self, request, sender):
         import triton_python_backend_utils as pb_utils
 
+        from trtspec.speculative.engine_session import ends_with_any
         from trtspec.speculative.runner import Step
 
         arrival = time.time_ns()
@@ -451,10 +456,11 @@ class BLSModel(PythonModel):
             "QUERY": np.array([[(prompt or "").encode("utf-8")]], dtype=np.object_),
             "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], dtype=np.int32),
         }
-        words = ["STOP_WORDS_IDS", "BAD_WORDS_IDS"]
-        pre = self._call("preprocessing", pre_inputs, ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_END_ID", *words])
+        word_lists = ["STOP_WORDS_IDS", "BAD_WORDS_IDS"]
+        pre = self._call("preprocessing", pre_inputs, ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_END_ID", *word_lists])
         seq = pre["INPUT_ID"][0][: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
         n_prompt = len(seq)
+        stops = words(pre["STOP_WORDS_IDS"])
         common = {
             **forwarded["tensorrt_llm"],
             "end_id": pre["OUT_END_ID"].reshape(1, 1).astype(np.int32),
@@ -511,8 +517,8 @@ class BLSModel(PythonModel):
             steps.append(Step(len(drafts), m, t1 - t0, time.perf_counter() - t1))
             first = first or time.time_ns()
             seq += new
-            if len(new) < (m + 1 if n > 0 else out_len):
-                break  # the target stopped at its end token
+            if len(new) < (m + 1 if n > 0 else out_len) or ends_with_any(seq[n_prompt:], stops):
+                break  # the target stopped at its end token or a stop word
         post = self._call(
             "postprocessing",
             {
