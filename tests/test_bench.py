@@ -185,8 +185,14 @@ def test_llmapi_and_engine_contracts_get_their_own_names():
     assert not llmapi.supports_min_tokens  # TensorRT-LLM's llmapi model declares no min_tokens
     engine = _contract({"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "min_tokens": "INT32",
                         "num_draft_tokens": "INT32"}, False)  # fmt: skip
-    values = engine.values(Request("hi", 16, min_tokens=16, extra={"num_draft_tokens": 3}))
-    assert values == {"text_input": "hi", "max_tokens": 16, "stream": False, "min_tokens": 16, "num_draft_tokens": 3}
+    values = engine.values(Request("hi", 16, min_tokens=16))
+    assert values == {"text_input": "hi", "max_tokens": 16, "stream": False, "min_tokens": 16}
+    # speculation through NVIDIA's BLS: no min_tokens (it overrides it) and no exclude_input_in_output
+    # (older BLS versions then find no drafts); the client cuts the prompt off the answer
+    speculative = Request("hi", 16, min_tokens=16, extra={"num_draft_tokens": 3})
+    values = engine.values(speculative)
+    assert values == {"text_input": "hi", "max_tokens": 16, "stream": False, "num_draft_tokens": 3}
+    assert engine.text(speculative, "hi there") == " there" and engine.text(Request("hi", 16), "hi x") == "hi x"
     with pytest.raises(UsageError):
         _contract({"input_ids": "INT32"}, False)
 

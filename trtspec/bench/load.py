@@ -126,7 +126,8 @@ async def execute(
     counter = TokenCounter(plan.tokenizer)
     client = make_client(Target.parse(plan.target))
     await client.open()
-    stats.min_tokens_supported = supports_min_tokens(client)
+    # a speculative BLS request leaves min_tokens unset (NVIDIA's BLS overrides it): lengths are not fixed
+    stats.min_tokens_supported = supports_min_tokens(client) and not plan.extra.get("num_draft_tokens")
     start = await asyncio.to_thread(ready) if ready is not None else time.monotonic()
     cap = asyncio.Semaphore(plan.in_flight_cap) if plan.in_flight_cap else None
     unreachable = [0]
