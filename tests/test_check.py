@@ -93,7 +93,9 @@ def test_clean_pair_has_no_error(tmp_path):
     assert not [f for fs in found.values() for f in fs if f.severity == "error"], found
     # the informational ones: what check could not see, and the serving trade-offs it reports
     assert set(found) <= {"compute-capability", "memory", "max-draft-len", "kv-shared-gpu"}
-    assert all(f.severity == "info" for code in ("max-draft-len", "kv-shared-gpu") for f in found.get(code, []))
+    assert all(f.severity == "info" for f in found.get("max-draft-len", []))
+    # GPU size unknown here: the KV caps are the engines' limits, not checked against a GPU, and check says so
+    assert [f.severity for f in found["kv-shared-gpu"]] == ["warning"]
 
 
 def test_different_tokenizer_is_an_error_with_the_differing_tokens(tmp_path):
@@ -379,5 +381,6 @@ def test_memory_deepseek_r1_mtp_on_8_gpus(tmp_path):
     total = trunk + attn + moe + 2 * 7168 * 7168  # 685B with the MTP layer, as published
     assert mem["target_params"] == pytest.approx(total, rel=0.001)
     assert mem["weights_gb_per_gpu"] == pytest.approx(total / 8 / 1e9, rel=0.05)  # FP8, TP8: 85.6 GB
-    # KV: MLA latent (512 + 64) x 2 bytes x 62 layers = 71,424 B/token, replicated across TP ranks.
-    assert mem["kv_needed_gb_per_gpu"] == pytest.approx(62 * 576 * 2 * 32 * 8192 / 1e9, rel=0.05)
+    # KV: MLA latent (512 + 64) x 62 layers, replicated across TP ranks, in FP8 (1 byte) as NVIDIA's DeepSeek
+    # serving recipe keeps it (kv_cache_config.dtype fp8): 35,712 B/token.
+    assert mem["kv_needed_gb_per_gpu"] == pytest.approx(62 * 576 * 1 * 32 * 8192 / 1e9, rel=0.05)

@@ -104,6 +104,19 @@ def test_a_repository_dropping_an_item_is_caught(model, field, item, expect, tmp
     assert any(p.startswith(f"{model}: {expect}") for p in problems), problems
 
 
+def test_a_tensor_of_another_type_is_caught(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    repo = package.package_repository(load_config(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml"))
+
+    def retype(config):
+        next(t for t in config.input if t.name == "draft_logits").data_type = engine.mc.TYPE_FP16
+
+    _rewrite(repo / "tensorrt_llm" / "config.pbtxt", retype)
+    assert "tensorrt_llm: draft_logits is not FP32 [-1, -1] as NVIDIA's template declares it" in contract.violations(
+        repo
+    )
+
+
 def test_an_llmapi_repository_without_helpers_or_triton_config_is_caught(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     repo = package.package_repository(load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml"))

@@ -233,6 +233,34 @@ def test_greedy_speculation_matches_plain_decoding(served):
         assert spec["text_output"] == base["text_output"], k
 
 
+def test_stop_words_end_the_text(served):
+    """Through NVIDIA's preprocessing (engine) or NVIDIA's llmapi helpers (llmapi): the text ends at the stop
+    word, kept by TensorRT-LLM's token-level stop words, left out by the LLM API's stop strings."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_CHECKPOINTS["tiny-target"])
+    if served.flavour == "llmapi":
+        model, body, field = (
+            "tensorrt_llm",
+            {"text_input": "ROMEO:", "sampling_param_max_tokens": 32},
+            "sampling_param_stop",
+        )
+    else:
+        model, field = "ensemble", "stop_words"
+        body = {"text_input": "ROMEO:", "max_tokens": 32, "exclude_input_in_output": True}
+    status, full = post(served, model, body)
+    assert status == 200, full
+    ids = tok(full["text_output"], add_special_tokens=False).input_ids
+    at = next(i for i, t in enumerate(ids) if i >= 3 and tok.encode(tok.decode([t]), add_special_tokens=False) == [t])
+    word = tok.decode([ids[at]])
+    status, stopped = post(served, model, {**body, field: [word]})
+    assert status == 200, stopped
+    if served.flavour == "llmapi":
+        assert stopped["text_output"] == full["text_output"][: full["text_output"].index(word)]
+    else:
+        assert stopped["text_output"] == tok.decode(ids[: ids.index(ids[at]) + 1])
+
+
 def test_a_request_nvidia_refuses_gets_an_error_not_a_hang(served):
     """NVIDIA's models answer a bad request with an error response: the repository leaves them able to."""
     if served.flavour == "llmapi":

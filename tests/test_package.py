@@ -152,13 +152,15 @@ def test_nvidias_models_come_from_where_the_image_has_them(runner, tmp_path, mon
     assert read(bls.parent.parent, "preprocessing").dynamic_batching.preferred_batch_size == [16]
 
 
-def test_several_llmapi_instances_get_their_gpus(tmp_path, monkeypatch):
-    """NVIDIA's llmapi model refuses more than one instance without gpu_device_ids."""
+def test_nvidia_backends_take_one_instance_and_an_absolute_models_path(tmp_path, monkeypatch):
+    """NVIDIA's llmapi model needs GPUs per instance that a pod of tp x pp does not have: replicas scale."""
+    from trtspec.config import validate_config
+    from trtspec.errors import ConfigError, UsageError
+
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml")
-    two = cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"instances": 2})})
-    repo = package.package_repository(two)
-    config = read(repo, "tensorrt_llm")
-    assert config.instance_group[0].count == 2
-    assert params(config)["gpu_device_ids"] == "0,1,2,3,4,5,6,7;8,9,10,11,12,13,14,15"
-    assert "gpu_device_ids" not in params(read(package.package_repository(cfg), "tensorrt_llm"))
+    data = yaml.safe_load((CONFIGS / "deepseek-r1-mtp-8gpu.yaml").read_text())
+    data["serve"]["instances"] = 2
+    with pytest.raises(ConfigError, match=r"serve\.instances"):
+        validate_config(data)
+    with pytest.raises(UsageError, match="absolute"):
+        package.package_repository(load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml"), nvidia_models="all_models")

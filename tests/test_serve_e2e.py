@@ -329,7 +329,9 @@ REFUSED = {
 }
 
 
-@pytest.mark.parametrize("key", ["llmapi-baseline", "engine-baseline", "engine-draft-target"])
+@pytest.mark.parametrize(
+    "key", ["llmapi-baseline", "llmapi-mtp", "engine-baseline", "engine-draft-target", "engine-mtp"]
+)
 def test_every_declared_input_is_honoured_or_refused_by_name(servers, key):
     """Nothing a client sends is accepted and ignored: a stop word ends the text at it, an input the torch
     engine cannot honour is an error naming it; at its no-op value it is accepted."""

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trtspec import support
-from trtspec.checkpoints.inspect import CheckpointInfo, read_checkpoint
+from trtspec.build.recipes import deepseek_serving_options
+from trtspec.checkpoints.inspect import CheckpointInfo, pre_quantized, read_checkpoint
 from trtspec.checkpoints.memory import MemoryPlan, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
 from trtspec.config import DeploymentConfig
@@ -319,7 +320,8 @@ def _check_memory(
     def quantization(section, info: CheckpointInfo) -> str:  # pytorch: only what the checkpoint carries
         return section.quantization if b.backend != "pytorch" or pre_quantized(info) else "none"
 
-    tm = model_memory(target.config, cfg.target.dtype, quantization(cfg.target, target), b.backend, b.tp, b.pp)
+    fp8_kv = b.backend == "pytorch" and cfg.mode == "mtp"  # recipes.deepseek_serving_options: an FP8 KV cache
+    tm = model_memory(target.config, cfg.target.dtype, quantization(cfg.target, target), b.backend, b.tp, b.pp, fp8_kv)
     dm = None
     if draft is not None and cfg.draft is not None:
         dm = model_memory(draft.config, cfg.draft.dtype, quantization(cfg.draft, draft), b.backend, b.tp, b.pp)
@@ -344,12 +346,6 @@ def _check_memory(
             f"about {fits} full-length sequences fit",
             "lower max_batch_size or max_seq_len, or raise tp",
         )
-
-
-def pre_quantized(info: CheckpointInfo) -> bool:
-    """A checkpoint that carries its own quantization (ModelOpt's hf_quant_config.json, or a
-    quantization_config in config.json): what the LLM API reads, since it quantizes nothing itself."""
-    return "quantization_config" in info.config or (info.path / "hf_quant_config.json").is_file()
 
 
 def _check_quantization(cfg: DeploymentConfig, infos: dict[str, CheckpointInfo | None], report: Report) -> None:
@@ -393,10 +389,28 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
             "NVIDIA's documented request of 10); a request asking for more is refused",
             "",
         )
+    if cfg.mode == "mtp" and cfg.build.backend == "pytorch":
+        options = deepseek_serving_options(cfg)
+        report.add(
+            "info",
+            "deepseek-recipe",
+            f"NVIDIA's DeepSeek serving recipe is applied: expert parallel {options['moe_expert_parallel_size']}, "
+            f"an FP8 KV cache, CUDA graphs padded to batch {cfg.build.max_batch_size}, stream_interval "
+            f"{options['stream_interval']} (streamed chunks of 10 tokens)",
+            "",
+        )
+    b = cfg.build
+    if b.backend == "tensorrt" and cfg.mode == "draft-target" and cfg.serve.grpc_port != 8001:
+        report.add(
+            "warning",
+            "bls-grpc-port",
+            f"serve.grpc_port {cfg.serve.grpc_port}: newer NVIDIA BLS versions read the target's config from "
+            "localhost:8001 before speculating",
+            "keep gRPC on 8001 inside the container",
+        )
     plan = shared_gpu_plan(cfg)
     if plan is None:
         return
-    b = cfg.build
     if plan.max_tokens_in_paged_kv_cache < b.max_seq_len:
         report.add(
             "error",
@@ -407,13 +421,16 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
         )
         return
     report.add(
-        "info",
+        "info" if plan.basis.startswith("memory plan") else "warning",
         "kv-shared-gpu",
         f"target and draft share GPUs {plan.gpu_device_ids}: each gets max_tokens_in_paged_kv_cache "
         f"{plan.max_tokens_in_paged_kv_cache} of the {plan.tokens_needed} max_batch_size x max_seq_len wants, "
         f"at kv_cache_free_gpu_mem_fraction {plan.kv_cache_free_gpu_mem_fraction}, whichever loads first "
         f"({plan.basis})",
-        "trtspec writes these into the repository and manifest.json",
+        "trtspec writes these into the repository and manifest.json"
+        if plan.basis.startswith("memory plan")
+        else "both caches at this cap were not checked against the GPU: run check where the checkpoints and "
+        "build.gpu_memory_gb are known",
     )
 
 

@@ -308,6 +308,14 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
         )
     if cfg.speculation.use_draft_logits and not (flavour == "engine" and mode == "draft-target"):
         errors.append(("speculation.use_draft_logits", "only applies to flavour engine with mode draft-target"))
+    if backend in ("tensorrt", "pytorch") and cfg.serve.instances > 1:
+        errors.append(
+            (
+                "serve.instances",
+                "NVIDIA's models would need GPUs per instance (gpu_device_ids) that a pod of tp x pp GPUs does not"
+                " have; set instances: 1 and scale with deploy.replicas",
+            )
+        )
     if backend == "torch" and b.tp * b.pp != 1:
         errors.append(("build.tp", f"the torch runner uses one device; set tp and pp to 1, got tp={b.tp} pp={b.pp}"))
     if b.max_input_len >= b.max_seq_len:

@@ -34,7 +34,7 @@ from trtspec.build.recipes import (
     trtllm_build_command,
     trtllm_serve_command,
 )
-from trtspec.checkpoints.inspect import read_hf_config
+from trtspec.checkpoints.inspect import read_checkpoint, read_hf_config
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import TrtspecError, UsageError
 from trtspec.fsutil import replace_dir
@@ -257,7 +257,24 @@ def _tensorrt_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any],
     return steps
 
 
+def refuse_unapplied_quantization(cfg: DeploymentConfig) -> None:
+    """Backend pytorch takes quantization from the checkpoint: a local one that carries none would
+    silently load unquantized (hub ids are checked on the build host by the LLM API itself)."""
+    from trtspec.checkpoints.inspect import pre_quantized
+
+    for role in ("target", "draft"):
+        section = getattr(cfg, role)
+        path = cfg.checkpoint_path(section) if section is not None else None
+        if path is None or section.quantization == "none" or pre_quantized(read_checkpoint(path)):
+            continue
+        raise UsageError(
+            f"{role}.quantization {section.quantization}: backend pytorch takes quantization from the checkpoint and "
+            f"{path} is not quantized: use a pre-quantized checkpoint (ModelOpt) or backend tensorrt"
+        )
+
+
 def _pytorch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) -> list[Step]:
+    refuse_unapplied_quantization(cfg)
     target, _ = _checkpoint(cfg, cfg.target)
     draft = _checkpoint(cfg, cfg.draft)[0] if cfg.mode == "draft-target" and cfg.draft else None
     options = llm_api_options(cfg, k, draft)

@@ -79,3 +79,9 @@ def read_checkpoint(path: Path) -> CheckpointInfo:
     config = read_hf_config(path)
     tokenizer = {name: _read_json(path / name) for name in TOKENIZER_FILES if (path / name).is_file()}
     return CheckpointInfo(path, config, weight_names(path), tokenizer)
+
+
+def pre_quantized(info: CheckpointInfo) -> bool:
+    """A checkpoint that carries its own quantization (ModelOpt's hf_quant_config.json, or a
+    quantization_config in config.json): what the LLM API reads, since it quantizes nothing itself."""
+    return "quantization_config" in info.config or (info.path / "hf_quant_config.json").is_file()

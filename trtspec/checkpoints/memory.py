@@ -3,7 +3,8 @@
 Parameter counts follow the architectures' published layouts (Llama-family GQA; DeepSeek-V3 MLA
 with MoE and MTP layers). Bytes per parameter follow the quantization; the KV cache is kept in the
 model dtype, except FP8 for compiled engines quantized to FP8 (NVIDIA's recipe passes
-`--kv_cache_dtype fp8`). DeepSeek's MLA caches one compressed latent per layer
+`--kv_cache_dtype fp8`) and where the LLM API options ask for it (NVIDIA's DeepSeek recipe).
+DeepSeek's MLA caches one compressed latent per layer
 (kv_lora_rank + qk_rope_head_dim), which tensor parallelism replicates rather than splits.
 """
 
@@ -82,11 +83,13 @@ class ModelMemory:
     kv_bytes_per_token_per_gpu: float
 
 
-def model_memory(cfg: dict[str, Any], dtype: str, quantization: str, backend: str, tp: int, pp: int) -> ModelMemory:
+def model_memory(
+    cfg: dict[str, Any], dtype: str, quantization: str, backend: str, tp: int, pp: int, fp8_kv: bool = False
+) -> ModelMemory:
     params = parameter_count(cfg)
     dtype_bytes = _dtype_bytes(dtype, cfg)
     weight = params * QUANT_BYTES.get(quantization, dtype_bytes)
-    kv_dtype = 1.0 if quantization == "fp8" and backend == "tensorrt" else dtype_bytes
+    kv_dtype = 1.0 if fp8_kv or (quantization == "fp8" and backend == "tensorrt") else dtype_bytes
     return ModelMemory(params, weight / (tp * pp), kv_bytes_per_token(cfg, kv_dtype, tp, pp))
 
 

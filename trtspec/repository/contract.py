@@ -34,7 +34,13 @@ DATA_TYPE_PARAMETERS = {
 CONDITIONS = {
     "llmapi/tensorrt_llm/1/model.py (multi-instance)": (
         "an instance_group count above 1 raises 'gpu_device_ids parameter required when instance count > 1'"
-        " unless config.pbtxt sets gpu_device_ids (one ';'-separated GPU list per instance)"
+        " unless config.pbtxt sets gpu_device_ids (one ';'-separated GPU list per instance): trtspec's config"
+        " refuses serve.instances > 1 for NVIDIA's backends (scale with deploy.replicas)"
+    ),
+    "the union over trees": (
+        "an older tree ignores what only a newer one declares (return_num_input/output_tokens in 0.20, the"
+        " llmapi model's stop, lora_* and perf inputs before they were read): such inputs are accepted and"
+        " have no effect there"
     ),
     "inflight_batcher_llm/tensorrt_llm_bls/1/model.py (speculative)": (
         "newer BLS versions read the target's and draft's exclude_input_in_output from the server's gRPC"
@@ -136,7 +142,7 @@ def ensemble_steps() -> list[dict]:
 
 def violations(repository: Path) -> list[str]:
     """What a repository for NVIDIA's container lacks that NVIDIA's code requires, one line each."""
-    from trtspec.repository.pbtxt import parse
+    from trtspec.repository.pbtxt import DTYPES, parse
 
     def config(name: str):
         path = repository / name / "config.pbtxt"
@@ -155,6 +161,14 @@ def violations(repository: Path) -> list[str]:
             continue
         inputs, outputs = {t.name for t in c.input}, {t.name for t in c.output}
         parameters = set(c.parameters)
+        for ours, theirs in ((c.input, want.inputs), (c.output, want.outputs)):
+            declared = {t.name: t for t in ours}
+            for t in theirs:
+                got = declared.get(t.name)
+                if got is not None and (got.data_type != DTYPES[t.dtype] or tuple(got.dims) != t.dims):
+                    problems.append(
+                        f"{slot}: {t.name} is not {t.dtype} {list(t.dims)} as NVIDIA's template declares it"
+                    )
         for missing in sorted(want.parameters_required - parameters):
             problems.append(f"{slot}: parameter {missing} (read without a default by {want.template}/1/model.py)")
         for missing in sorted(want.outputs_looked_up - outputs):

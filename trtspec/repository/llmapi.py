@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtspec.config import DeploymentConfig
 from trtspec.repository import contract
 from trtspec.repository.pbtxt import model_config
 
@@ -19,16 +18,6 @@ MODEL = "tensorrt_llm"
 # NVIDIA's llmapi/tensorrt_llm template, over every tree in the contract.
 INPUTS = list(contract.model("llmapi").inputs)
 OUTPUTS = list(contract.model("llmapi").outputs)
-
-
-def instance_parameters(cfg: DeploymentConfig) -> dict[str, str] | None:
-    """NVIDIA's llmapi model refuses to load more than one instance without gpu_device_ids: one
-    ';'-separated list per instance, each of tp x pp GPUs (contract.CONDITIONS)."""
-    if cfg.serve.instances <= 1:
-        return None
-    n = cfg.build.tp * cfg.build.pp
-    lists = (",".join(str(i * n + g) for g in range(n)) for i in range(cfg.serve.instances))
-    return {"gpu_device_ids": ";".join(lists)}
 
 
 def llmapi_config(instances: int, parameters: dict[str, str] | None = None):

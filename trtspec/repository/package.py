@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from trtspec.build.builder import engine_dir_for, resolve_num_draft_tokens
+from trtspec.build.builder import engine_dir_for, refuse_unapplied_quantization, resolve_num_draft_tokens
 from trtspec.build.manifest import Manifest
 from trtspec.build.recipes import llm_api_options
 from trtspec.build.shared_gpu import shared_gpu_plan
@@ -182,12 +182,13 @@ def _nvidia_engine(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: s
 
 def _nvidia_llmapi(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: str) -> None:
     """pytorch backend: NVIDIA's llmapi model with model.yaml (LLM() arguments + triton_config)."""
+    refuse_unapplied_quantization(cfg)
     k = resolve_num_draft_tokens(cfg, engine_dir_for(cfg))
     draft = _container_checkpoint(cfg.draft, "draft", root) if cfg.draft and cfg.mode == "draft-target" else None
     options = llm_api_options(cfg, k, draft)
     target = _container_checkpoint(cfg.target, "target", root)
     options = llmapi.model_yaml({"model": target, **options}, cfg.serve.streaming)
-    config = llmapi.llmapi_config(cfg.serve.instances, llmapi.instance_parameters(cfg))
+    config = llmapi.llmapi_config(cfg.serve.instances)
     config.model_transaction_policy.decoupled = cfg.serve.streaming
     _write(
         out / llmapi.MODEL,
@@ -212,6 +213,15 @@ def package_repository(
     deployment mounts engines and checkpoints (both only matter for NVIDIA's backends)."""
     writer = WRITERS[(cfg.build.backend, cfg.serve.flavour)]  # other pairs are refused by config validation
     if cfg.build.backend in ("tensorrt", "pytorch"):
+        if not nvidia_models.startswith("/"):
+            raise UsageError(f"--nvidia-models must be an absolute path in the serving image, got {nvidia_models}")
+        share = shared_gpu_plan(cfg)
+        if share is not None and share.max_tokens_in_paged_kv_cache < cfg.build.max_seq_len:
+            raise UsageError(
+                f"target and draft on GPUs {share.gpu_device_ids} leave room for "
+                f"{share.max_tokens_in_paged_kv_cache} KV tokens each, less than max_seq_len {cfg.build.max_seq_len}"
+                f" ({share.basis}): quantize, raise tp or lower max_seq_len"
+            )
         writer = partial(writer, nvidia_models=nvidia_models.rstrip("/"), root=container_root.rstrip("/"))
     final = repository_dir_for(cfg)
     staging = final.parent / f".staging-{final.name}-{os.getpid()}"

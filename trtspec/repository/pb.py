@@ -30,6 +30,12 @@ class PythonModel:
                 final = self.answer(request, sender)
             except RequestError as exc:
                 final = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+            except Exception as exc:  # a bug, not the client's: logged in full, answered in one line
+                import traceback
+
+                pb_utils.Logger.log_error(traceback.format_exc())
+                message = f"internal error in {type(self).__name__}: {type(exc).__name__} (see the server log)"
+                final = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             if sender is not None:
                 sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
@@ -76,6 +82,15 @@ def scalar(request, name: str, default: Any = None) -> Any:
     if array.size == 0:
         return default
     return array.reshape(-1)[0]
+
+
+def decoded(value: Any, name: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(f"{name} is not valid UTF-8") from None
+    return str(value)
 
 
 def utf8(request, name: str) -> str | None:

@@ -5,8 +5,9 @@ input_lengths, request_output_len, draft_input_ids, draft_logits, ...) and answe
 sequence_length, generation_logits and the perf outputs; `preprocessing` and `postprocessing`
 tokenize with the checkpoint's tokenizer; `tensorrt_llm_bls` runs the documented draft-target loop
 through them with BLS calls. Each repository's 1/model.py is a one-line import of a class here.
-Inputs trtspec does not implement (LoRA, multimodal, guided decoding, beams, stop/bad words) are
-refused with an error response naming them, never silently ignored.
+Every input the configs declare (NVIDIA's full lists) is honoured or, where trtspec does not
+implement it (LoRA, multimodal, guided decoding, beams, penalties, bad words), refused with an error
+response naming it, never silently ignored.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.repository.pb import PythonModel, RequestError, first_refused, given, scalar, utf8
+from trtspec.repository.pb import PythonModel, RequestError, decoded, first_refused, given, scalar, utf8
 from trtspec.repository.spec_metrics import BLS_REQUEST_PREFIX, SpecMetrics
 
 # What trtspec's torch engine does with each input TensorRT-LLM's tensorrt_llm model declares. An
@@ -158,6 +159,7 @@ class TensorRTLLMModel(PythonModel):
         import torch
         import triton_python_backend_utils as pb_utils
 
+        from trtspec.speculative.engine_session import ends_with_any
         from trtspec.speculative.runner import Step
 
         arrival = time.time_ns()
@@ -197,6 +199,8 @@ class TensorRTLLMModel(PythonModel):
         generator = torch.Generator().manual_seed(int(seed) if seed is not None else secrets.randbits(63))
         exclude = bool(scalar(request, "exclude_input_in_output", self.exclude_input))
         want_logits = bool(scalar(request, "return_generation_logits", False))
+        if want_logits and (drafts or self.runner is not None):  # NVIDIA's BLS never asks for them there
+            raise RequestError("return_generation_logits with speculation is not supported by trtspec's torch engine")
         scheduled = time.time_ns()
         first = [0]
 
@@ -210,7 +214,13 @@ class TensorRTLLMModel(PythonModel):
             q_logits = pb_utils.get_input_tensor_by_name(request, "draft_logits")
             q = None
             if q_logits is not None and q_logits.as_numpy().size:
-                q = torch.from_numpy(np.array(q_logits.as_numpy(), dtype=np.float32).reshape(len(drafts), -1))
+                values = np.array(q_logits.as_numpy(), dtype=np.float32)
+                vocab = self.engine.model.dims.vocab_size
+                if values.size != len(drafts) * vocab:
+                    raise RequestError(
+                        f"draft_logits has {values.size} values, want {len(drafts)} drafts x vocab {vocab}"
+                    )
+                q = torch.from_numpy(values.reshape(len(drafts), vocab))
             out = self.engine.verify_drafts(prompt, drafts, q, sampling, generator, end_id, max_new, stop_words)
             new, drafted, accepted = out.tokens, out.draft_tokens, out.accepted_tokens
             steps = [Step(drafted, accepted, 0.0, (time.time_ns() - scheduled) / 1e9)]  # the caller drafted
@@ -222,13 +232,25 @@ class TensorRTLLMModel(PythonModel):
                 max_tokens=max_new, sampling=sampling, stop_token_ids=frozenset([end_id]), seed=generator.initial_seed()
             )
             self._kv(len(prompt) + max_new + self.runner.num_draft_tokens + 2)
+            kept: list[int] = []  # the output so far, cut after a stop word
+
+            def on_tokens(_row: int, chunk: list[int]) -> bool:
+                chunk = [t for t in chunk if t != end_id]
+                for n in range(1, len(chunk) + 1):
+                    if ends_with_any(prompt + kept + chunk[:n], stop_words):
+                        chunk = chunk[:n]
+                        kept.extend(chunk)
+                        stream(chunk)
+                        return True  # the runner stops this request
+                kept.extend(chunk)
+                stream(chunk)
+                return False
+
             try:
-                g = self.runner.generate(
-                    [prompt], params, on_tokens=lambda _row, chunk: stream([t for t in chunk if t != end_id])
-                )[0]
+                g = self.runner.generate([prompt], params, on_tokens=on_tokens)[0]
             finally:
                 self._kv()
-            new = [t for t in g.tokens if t != end_id]
+            new = kept
             drafted, accepted, steps = g.stats.draft_tokens, g.stats.accepted_tokens, g.stats.step_log
         else:
             out = self.engine.decode(
@@ -283,7 +305,7 @@ def strings(request, name: str) -> list[str]:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return []
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1).tolist()]
+    return [decoded(v, name) for v in tensor.as_numpy().reshape(-1).tolist()]
 
 
 class PreprocessingModel(_TokenizerModel):
@@ -364,7 +386,7 @@ class BLSModel(PythonModel):
     The loop is TensorRT-LLM's documented one (draft asked for K tokens, target given them as
     draft_input_ids, with draft_logits when use_draft_logits) with two differences that keep it
     lossless at temperature > 0: each call gets its own seed (a shared seed would correlate the draws
-    of successive steps), and the stop rule is the target's end token, not "draft == target".
+    of successive steps), and the stop rule is the target's end token or a stop word, not "draft == target".
     """
 
     # accepted-length buckets: the BLS learns K per request, so it counts up to this and puts longer in +Inf
@@ -517,7 +539,7 @@ class BLSModel(PythonModel):
             steps.append(Step(len(drafts), m, t1 - t0, time.perf_counter() - t1))
             first = first or time.time_ns()
             seq += new
-            if len(new) < (m + 1 if n > 0 else out_len) or ends_with_any(seq[n_prompt:], stops):
+            if len(new) < (m + 1 if n > 0 else out_len) or (new and ends_with_any(seq, stops)):
                 break  # the target stopped at its end token or a stop word
         post = self._call(
             "postprocessing",

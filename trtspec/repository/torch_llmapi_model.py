@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from trtspec.repository.pb import PythonModel, RequestError, first_refused, scalar, string_tensor, utf8
+from trtspec.repository.pb import PythonModel, RequestError, decoded, first_refused, scalar, string_tensor, utf8
 
 # What this model does with each input NVIDIA's llmapi model declares; any other given input is refused.
 HONOURED = frozenset(
@@ -42,7 +42,7 @@ def stop_strings(request) -> list[str]:
     tensor = pb_utils.get_input_tensor_by_name(request, "sampling_param_stop")
     if tensor is None:
         return []
-    words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in tensor.as_numpy().reshape(-1).tolist()]
+    words = [decoded(w, "sampling_param_stop") for w in tensor.as_numpy().reshape(-1).tolist()]
     return [w for w in words if w]
 
 

@@ -122,7 +122,7 @@ class CachedModel:
                 kept.append(logits)
             if on_token is not None:
                 on_token(token)
-            if ends_with_any(out, stop_sequences):
+            if ends_with_any(seq, stop_sequences):  # seq ends with the new token: a word may span calls
                 return Decoded(out, torch.stack(kept) if keep_logits and kept else None, True)
         return Decoded(out, torch.stack(kept) if keep_logits and kept else None, False)
 
@@ -152,7 +152,7 @@ class CachedModel:
         if ended:
             new = new[: new.index(end_id)]
         for n in range(1, len(new) + 1):
-            if ends_with_any(new[:n], stop_sequences):
+            if ends_with_any(prompt + new[:n], stop_sequences):  # a word may begin in an earlier call
                 new, ended = new[:n], True
                 break
         # the cache now holds rejected drafts past prompt + m: mark only the committed prefix valid

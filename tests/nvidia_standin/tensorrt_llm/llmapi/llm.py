@@ -222,7 +222,8 @@ class LLM:
         for word in sp.stop or []:
             at = text.find(word)
             if word and at >= 0:
-                text, stop_reason, finished, reason = text[: at + len(word)], word, True, "stop"
+                # include_stop_str_in_output defaults to False in the LLM API's SamplingParams
+                text, stop_reason, finished, reason = text[:at], word, True, "stop"
                 break
         done = CompletionOutput(0, prefix + text, tokens, finish_reason=reason if finished else None,
                                 stop_reason=stop_reason)  # fmt: skip
