@@ -164,3 +164,54 @@ def test_nvidia_backends_take_one_instance_and_an_absolute_models_path(tmp_path,
         validate_config(data)
     with pytest.raises(UsageError, match="absolute"):
         package.package_repository(load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml"), nvidia_models="all_models")
+
+
+def test_two_engines_that_cannot_hold_one_sequence_are_refused(tmp_path, monkeypatch):
+    """With local checkpoints and a GPU size, the KV cap comes from the memory plan; below one max_seq_len
+    sequence the repository is not written."""
+    from tiny_models import make_checkpoint
+
+    from trtspec.config import validate_config
+    from trtspec.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    data = {
+        "name": "tight",
+        "target": {"checkpoint": str(make_checkpoint(tmp_path / "t", vocab=32, seed=1)), "dtype": "float16"},
+        "draft": {"checkpoint": str(make_checkpoint(tmp_path / "d", vocab=32, seed=2)), "dtype": "float16"},
+        "speculation": {"mode": "draft-target", "num_draft_tokens": 4},
+        "build": {"backend": "tensorrt", "max_batch_size": 64, "max_input_len": 1024, "max_seq_len": 4800},
+        "serve": {"flavour": "engine", "streaming": False},
+    }
+    roomy = validate_config({**data, "build": {**data["build"], "gpu_memory_gb": 80}})
+    repo = package.package_repository(roomy)
+    assert params(read(repo, "tensorrt_llm"))["max_tokens_in_paged_kv_cache"] == str(64 * 4800)
+    tight = validate_config({**data, "build": {**data["build"], "gpu_memory_gb": 3.0001}})
+    with pytest.raises(UsageError, match="less than max_seq_len 4800"):
+        package.package_repository(tight)
+
+
+def test_pytorch_quantization_of_an_unquantized_checkpoint_is_refused(tmp_path, monkeypatch):
+    from tiny_models import make_checkpoint
+
+    from trtspec.build import builder
+    from trtspec.config import validate_config
+    from trtspec.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    target = make_checkpoint(tmp_path / "t", vocab=32, seed=1)
+    data = {
+        "name": "q",
+        "target": {"checkpoint": str(target), "quantization": "fp8"},
+        "speculation": {"mode": "none"},
+        "build": {"backend": "pytorch"},
+        "serve": {"flavour": "llmapi"},
+    }
+    cfg = validate_config(data)
+    with pytest.raises(UsageError, match=r"target\.quantization fp8: backend pytorch takes quantization"):
+        package.package_repository(cfg)
+    with pytest.raises(UsageError, match="is not quantized"):
+        builder.refuse_unapplied_quantization(cfg)
+    (target / "hf_quant_config.json").write_text("{}")  # a ModelOpt checkpoint carries its own
+    builder.refuse_unapplied_quantization(cfg)
+    assert package.package_repository(cfg).is_dir()
