@@ -542,6 +542,21 @@ def test_deepseek_mtp_options_follow_nvidias_serving_recipe():
     assert "moe_expert_parallel_size" not in recipes.llm_api_options(llama, 4, "/d")
 
 
+def test_a_deepseek_baseline_gets_the_same_serving_recipe(tmp_path):
+    """The A/B is fair only if the plain-decoding baseline runs with the recipe MTP runs with."""
+    target = tmp_path / "r1"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
+    data = {
+        "name": "r1-base", "target": {"checkpoint": str(target)}, "speculation": {"mode": "none"},
+        "build": {"backend": "pytorch", "tp": 8}, "serve": {"flavour": "llmapi"},
+    }  # fmt: skip
+    baseline = recipes.llm_api_options(validate_config(data), 0, None)
+    assert baseline["moe_expert_parallel_size"] == 8 and baseline["kv_cache_config"]["dtype"] == "fp8"
+    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert "cuda_graph_config" not in recipes.llm_api_options(validate_config(data), 0, None)
+
+
 def test_the_manifest_records_the_serving_trade_offs(tmp_path, monkeypatch):
     """Shared-GPU KV caps from the memory plan where the checkpoints are local, and the draft room."""
     monkeypatch.chdir(tmp_path)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trtspec import support
-from trtspec.build.recipes import deepseek_serving_options
+from trtspec.build.recipes import deepseek_family, deepseek_serving_options
 from trtspec.checkpoints.inspect import CheckpointInfo, pre_quantized, read_checkpoint
 from trtspec.checkpoints.memory import MemoryPlan, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
@@ -320,7 +320,7 @@ def _check_memory(
     def quantization(section, info: CheckpointInfo) -> str:  # pytorch: only what the checkpoint carries
         return section.quantization if b.backend != "pytorch" or pre_quantized(info) else "none"
 
-    fp8_kv = b.backend == "pytorch" and cfg.mode == "mtp"  # recipes.deepseek_serving_options: an FP8 KV cache
+    fp8_kv = b.backend == "pytorch" and deepseek_family(cfg)  # deepseek_serving_options: an FP8 KV cache
     tm = model_memory(target.config, cfg.target.dtype, quantization(cfg.target, target), b.backend, b.tp, b.pp, fp8_kv)
     dm = None
     if draft is not None and cfg.draft is not None:
@@ -389,7 +389,7 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
             "NVIDIA's documented request of 10); a request asking for more is refused",
             "",
         )
-    if cfg.mode == "mtp" and cfg.build.backend == "pytorch":
+    if cfg.build.backend == "pytorch" and deepseek_family(cfg):
         options = deepseek_serving_options(cfg)
         report.add(
             "info",

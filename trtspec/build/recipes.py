@@ -8,6 +8,7 @@ Flags use the documentation's `--flag=value` form; a flag the documentation omit
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,14 +224,31 @@ def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_di
                 relaxed_delta=cfg.mtp.relaxed_delta,
             )
         options["speculative_config"] = spec
+    if deepseek_family(cfg):  # the baseline of an A/B gets the same serving recipe as MTP
         options.update(deepseek_serving_options(cfg))
     return options
+
+
+def deepseek_family(cfg: DeploymentConfig) -> bool:
+    """DeepSeek-V3/R1: MTP exists only for this family (support table); a local checkpoint says so itself."""
+    from trtspec.support import MTP_ARCHITECTURES
+
+    if cfg.mode == "mtp":
+        return True
+    path = cfg.checkpoint_path(cfg.target)
+    if path is None or not (path / "config.json").is_file():
+        return False
+    try:
+        architectures = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return bool(set(architectures) & set(MTP_ARCHITECTURES))
 
 
 def deepseek_serving_options(cfg: DeploymentConfig) -> dict[str, Any]:
     """NVIDIA's DeepSeek-V3/R1 serving recipe (deployment guide and examples/serve/deepseek_r1_reasoning_parser.sh):
     experts split across the tensor-parallel GPUs (--ep_size = --tp_size), an FP8 KV cache, CUDA graphs
-    padded up to the batch size, and streamed output every 10 iterations. MTP exists only for this family."""
+    padded up to the batch size, and streamed output every 10 iterations."""
     b = cfg.build
     return {
         "moe_expert_parallel_size": b.tp,
