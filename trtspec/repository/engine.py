@@ -17,8 +17,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtspec.repository import contract
 from trtspec.repository.pbtxt import Tensor, ensemble_step, model_config
 
-LOGITS = contract.DATA_TYPE_PARAMETERS["logits_datatype"]
-
 
 # Every tensor NVIDIA's templates declare, over all the trees in the contract: NVIDIA's python models
 # look outputs up by name at load time and the BLS asks for them, so none may be left out. trtspec's

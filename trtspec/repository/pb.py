@@ -85,6 +85,7 @@ def scalar(request, name: str, default: Any = None) -> Any:
 
 
 def decoded(value: Any, name: str) -> str:
+    """A STRING tensor's element as text; bytes that are not UTF-8 are the client's error."""
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
@@ -95,14 +96,7 @@ def decoded(value: Any, name: str) -> str:
 
 def utf8(request, name: str) -> str | None:
     value = scalar(request, name)
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise RequestError(f"{name} is not valid UTF-8") from None
-    return str(value)
+    return None if value is None else decoded(value, name)
 
 
 def string_tensor(name: str, value: str):
