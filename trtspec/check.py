@@ -421,14 +421,14 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
         )
         return
     report.add(
-        "info" if plan.basis.startswith("memory plan") else "warning",
+        "info" if plan.checked else "warning",
         "kv-shared-gpu",
         f"target and draft share GPUs {plan.gpu_device_ids}: each gets max_tokens_in_paged_kv_cache "
         f"{plan.max_tokens_in_paged_kv_cache} of the {plan.tokens_needed} max_batch_size x max_seq_len wants, "
         f"at kv_cache_free_gpu_mem_fraction {plan.kv_cache_free_gpu_mem_fraction}, whichever loads first "
         f"({plan.basis})",
         "trtspec writes these into the repository and manifest.json"
-        if plan.basis.startswith("memory plan")
+        if plan.checked
         else "both caches at this cap were not checked against the GPU: run check where the checkpoints and "
         "build.gpu_memory_gb are known",
     )

@@ -29,6 +29,7 @@ class SharedGPUPlan:
     tokens_needed: int  # max_batch_size x max_seq_len
     kv_cache_free_gpu_mem_fraction: float  # the config's own, unchanged
     basis: str  # how the cap was found
+    checked: bool  # against a memory plan (checkpoint configs and GPU size known), not only the engine limit
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +60,7 @@ def shared_gpu_plan(cfg: DeploymentConfig) -> SharedGPUPlan | None:
     plan = memory_plan(cfg)
     if plan is None:
         basis = "engine limit max_batch_size x max_seq_len (checkpoint configs or GPU size not known here)"
-        return SharedGPUPlan(devices, needed, needed, b.kv_cache_free_gpu_mem_fraction, basis)
+        return SharedGPUPlan(devices, needed, needed, b.kv_cache_free_gpu_mem_fraction, basis, checked=False)
     per_token = plan.target.kv_bytes_per_token_per_gpu + plan.draft.kv_bytes_per_token_per_gpu
     affordable = int(plan.kv_budget_gb * 1e9 // per_token) if per_token else needed
     tokens = max(0, min(needed, affordable))
@@ -67,4 +68,4 @@ def shared_gpu_plan(cfg: DeploymentConfig) -> SharedGPUPlan | None:
         f"memory plan: {plan.kv_budget_gb:.1f} GB KV budget per GPU of {plan.gpu_gb:g} GB, "
         f"{per_token / 1e3:.1f} KB per token for both caches"
     )
-    return SharedGPUPlan(devices, tokens, needed, b.kv_cache_free_gpu_mem_fraction, basis)
+    return SharedGPUPlan(devices, tokens, needed, b.kv_cache_free_gpu_mem_fraction, basis, checked=True)

@@ -36,18 +36,6 @@ class Tensor:
     reshape: tuple[int, ...] | None = None  # e.g. () for reshape { shape: [] }
 
 
-# return_perf_metrics outputs, the same in TensorRT-LLM's tensorrt_llm, BLS, ensemble and llmapi models
-PERF_OUTPUTS = [
-    Tensor("arrival_time_ns", "INT64", (1,)),
-    Tensor("first_scheduled_time_ns", "INT64", (1,)),
-    Tensor("first_token_time_ns", "INT64", (1,)),
-    Tensor("last_token_time_ns", "INT64", (1,)),
-    Tensor("acceptance_rate", "FP32", (1,)),
-    Tensor("total_accepted_draft_tokens", "INT32", (1,)),
-    Tensor("total_draft_tokens", "INT32", (1,)),
-]
-
-
 def _io(message, tensor: Tensor) -> None:
     message.name = tensor.name
     message.data_type = DTYPES[tensor.dtype]
