@@ -21,8 +21,9 @@ def pair(tmp_path_factory):
     target = load_transformer(make_checkpoint(root / "t", vocab=50, hidden=32, layers=2, heads=4, kv_heads=2, seed=1))
     # the draft is the target with a perturbed head: agrees often, not always
     draft = load_transformer(make_checkpoint(root / "d", vocab=50, hidden=32, layers=2, heads=4, kv_heads=2, seed=1))
+    noise = torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))  # not the global RNG
     with torch.no_grad():
-        draft.lm_head.weight.add_(0.05 * torch.randn_like(draft.lm_head.weight))
+        draft.lm_head.weight.add_(0.05 * noise.to(draft.lm_head.weight.dtype))
     return target, draft
 
 
