@@ -367,3 +367,19 @@ def test_server_window_differences_the_counters_and_knows_nvidia_servers_have_no
         assert ServerWindow(url).close() == {"available": False, "why": NOT_EXPORTED, "url": url}
     finally:
         server.shutdown()
+
+
+# ---- the client's verdict on itself ---------------------------------------------------------------
+
+
+def test_client_check_blames_the_client_only_past_its_thresholds():
+    from trtspec.bench.load import ClientStats
+    from trtspec.bench.selfcheck import client_check
+
+    calm = client_check(ClientStats(dispatch_lag_s=[0.001] * 100, loop_lag_s=[0.002] * 100, cpu_s=1, wall_s=10), 1)
+    assert calm["ok"] and calm["verdict"].startswith("ok")
+    late = client_check(ClientStats(dispatch_lag_s=[0.001] * 90 + [0.05] * 10, cpu_s=1, wall_s=10), 1)
+    assert not late["ok"] and "dispatch lag" in late["verdict"] and late["dispatch_lag_ms"]["max"] == pytest.approx(50)
+    busy = client_check(ClientStats(cpu_s=19, wall_s=10), 2)
+    assert not busy["ok"] and "client CPU 95% of 2 worker(s)" in busy["verdict"]
+    assert client_check(ClientStats(cpu_s=17, wall_s=10), 2)["ok"]

@@ -104,7 +104,12 @@ def test_ab_over_grpc_with_the_lossless_check(triton):
         assert sb["requests"] == 4 and sb["speculated_requests"] == 0 and sb["acceptance_rate"] is None
         # several tokens per streamed chunk is what speculation looks like on the wire
         assert a["tokens_per_chunk"]["mean"] > 1.2 and b["tokens_per_chunk"]["mean"] < 1.1
-        assert level["client"]["A"]["ok"], level["client"]
+        # the client's verdict follows from its own figures (whether it kept up depends on the machine)
+        c = level["client"]["A"]
+        kept_up = (
+            c["dispatch_lag_ms"]["p99"] <= 5 and c["loop_lag_ms"]["p99"] <= 10 and c["cpu_fraction_per_worker"] <= 0.9
+        )
+        assert c["ok"] == kept_up and c["verdict"].startswith("ok" if kept_up else "client-bound"), c
     records = read_records(out / "requests.jsonl")
     assert len(records) == 2 * 2 + 2 * 4 * 2 + 12 * 2 + 2 * 60 * 2
     measured = [r for r in records if r.phase == "measure"]
