@@ -1,8 +1,8 @@
 """`trtspec check`: every known pitfall of a pair, found from metadata before an hour-long build.
 
 Each finding carries a severity (error fails the check), what is wrong and how to fix it. The
-pitfalls and their TensorRT-LLM issue numbers are in the shared reference
-(trtllm-speculative-decoding.md §4).
+pitfalls come from https://github.com/NVIDIA/TensorRT-LLM/issues (and tensorrtllm_backend's); a
+finding names its issue or PR number where there is one.
 """
 
 from __future__ import annotations

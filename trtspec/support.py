@@ -1,6 +1,7 @@
 """What each TensorRT-LLM release supports for speculative decoding, per backend: one table in code.
 
-Sources (shared reference, trtllm-speculative-decoding.md): the draft-target README's support
+Sources (github.com/NVIDIA/TensorRT-LLM: examples/draft_target_model/README.md, tensorrt_llm/llmapi/llm_args.py,
+docs/source/models/supported-models.md): the draft-target README's support
 matrix (compute capability >= 8.0), `MTPDecodingConfig.supports_backend` (pytorch only) and the
 supported-models page ("MTP is currently only supported by Deepseek"), the 1.3 example's SM >= 90
 warning for MTP, and `trtllm-build --speculative_decoding_mode` (no MTP choice). The README shows

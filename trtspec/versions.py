@@ -1,6 +1,7 @@
 """TensorRT-LLM releases trtspec generates for, and the Triton container that carries each.
 
-Source: Triton's compatibility table (shared reference, triton-model-repository-and-k8s.md §6).
+Source: Triton's compatibility table
+(https://github.com/triton-inference-server/server/blob/main/docs/introduction/compatibility.md).
 A container runs only engines built by its own TensorRT-LLM, so the tag follows the version.
 Compiled engines (trtllm-build) exist up to 1.2.x; 1.3 removed them.
 """

@@ -1,7 +1,8 @@
 """TensorRT-LLM's documented build steps, as data: argv lists for compiled engines, a dict for the LLM API.
 
 Everything here is a pure function of the config, so the golden tests can hold each output against
-the commands and YAML NVIDIA documents (shared reference: trtllm-speculative-decoding.md §1.1, §2).
+the commands and YAML NVIDIA documents (github.com/NVIDIA/TensorRT-LLM: examples/draft_target_model/README.md
+@ 567239fc, docs/source/features/speculative-decoding.md, tensorrt_llm/llmapi/llm_args.py).
 Flags use the documentation's `--flag=value` form; a flag the documentation omits for its defaults
 (tp/pp 1, no max_num_tokens) is omitted here too, so the same inputs give the same command.
 """

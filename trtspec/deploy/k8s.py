@@ -1,6 +1,7 @@
 """Kubernetes manifests for one config, as plain dicts: kustomize-ready, one file per kind.
 
-The patterns are NVIDIA's (shared reference, triton-model-repository-and-k8s.md §5): the autoscaling
+The patterns are NVIDIA's (https://github.com/triton-inference-server/tutorials/tree/main/Deployment/Kubernetes,
+TensorRT-LLM_Autoscaling_and_Load_Balancing and EKS_Multinode_Triton_TRTLLM): the autoscaling
 tutorial's Deployment (probes on /v2/health/*, ports 8000/8001/8002, nvidia.com/gpu = tp x pp, /dev/shm
 as a memory emptyDir, a PodMonitor and an HPA on triton:queue_compute:ratio), and the EKS multi-node
 guide's LeaderWorkerSet (group size = tp x pp / GPUs per node, a Service on the leader, ranks started

@@ -1,7 +1,8 @@
 """The in-container launcher: `entrypoint.sh build|serve|all|leader|worker` lands here.
 
-tritonserver command lines follow TensorRT-LLM's scripts/launch_triton_server.py (shared reference,
-triton-model-repository-and-k8s.md §1.12): one `-n 1 tritonserver ... :` block per MPI rank, ranks
+tritonserver command lines follow TensorRT-LLM's triton_backend/scripts/launch_triton_server.py
+(https://github.com/NVIDIA/TensorRT-LLM/blob/main/triton_backend/scripts/launch_triton_server.py):
+one `-n 1 tritonserver ... :` block per MPI rank, ranks
 other than 0 loading only the TensorRT-LLM models in explicit mode, a python-backend shared-memory
 prefix per rank, and `trtllm-llmapi-launch` in front of each rank for the LLM API flavour. Compiled
 draft-target engines run in orchestrator mode (`--multi-model`), which spawns its own workers and

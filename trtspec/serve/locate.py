@@ -3,7 +3,7 @@
 In NVIDIA's containers tritonserver is on PATH (or under /opt/tritonserver). On a CPU machine the
 nvidia-pytriton wheel carries one, with a python-backend stub per Python version; the stub for the
 running interpreter must be copied into backends/python and LD_LIBRARY_PATH must point at this
-interpreter's libpython, or the stub loads the system's and imports fail (DESIGN.md §5).
+interpreter's libpython, or the stub loads the system's and imports fail (undefined symbol errors).
 """
 
 from __future__ import annotations

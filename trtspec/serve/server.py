@@ -1,7 +1,7 @@
 """Start, wait for and stop a real tritonserver on a model repository.
 
 With the nvidia-pytriton wheel, the python backend needs this interpreter's stub copied into
-backends/python and LD_LIBRARY_PATH on this interpreter's libpython (DESIGN.md §5); PYTHONPATH
+backends/python and LD_LIBRARY_PATH on this interpreter's libpython (the stub must load it); PYTHONPATH
 carries this environment's site-packages so trtspec's python models import trtspec and torch.
 """
 
