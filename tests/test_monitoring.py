@@ -233,7 +233,8 @@ def test_dashboard_has_the_panels_the_issue_lists(path):
     assert yaml.safe_load(configmap["data"][k8s.dashboard_file(cfg)]) == board
 
 
-# What NVIDIA documents for its own models (shared reference, triton-model-repository-and-k8s.md §3):
+# What NVIDIA documents for its own models (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/metrics.md
+# and the tensorrtllm_backend README's "Triton Metrics"):
 # Triton's core counters, the TTFT histogram behind --metrics-config histogram_latencies=true, the
 # TensorRT-LLM backend's families; and dcgm-exporter's default counters for GPU memory.
 NVIDIA_DOCUMENTED = {

@@ -1,5 +1,6 @@
 """`trtspec package` without a server: what each repository holds, checked against the documented
-draft-target setup (shared reference §1.3-§1.8) and TensorRT-LLM's llmapi model.yaml; and that a
+draft-target setup (NVIDIA/TensorRT-LLM examples/draft_target_model/README.md's fill_template.py commands and
+triton_backend/all_models/inflight_batcher_llm's templates) and TensorRT-LLM's llmapi model.yaml; and that a
 failed write leaves the previous repository whole."""
 
 from __future__ import annotations

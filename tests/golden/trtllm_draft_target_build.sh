@@ -1,4 +1,4 @@
-# NVIDIA/TensorRT-LLM examples/draft_target_model/README.md @ 567239fc, verbatim (via shared reference §1.1)
+# https://github.com/NVIDIA/TensorRT-LLM/blob/567239fcd40bda119965a3a8abf43856c63c9527/examples/draft_target_model/README.md, verbatim
 cd examples/models/core/llama
 export DRAFT_CKPT_PATH=/workspace/ckpt-draft
 export TARGET_CKPT_PATH=/workspace/ckpt-target
