@@ -34,7 +34,7 @@ TARGET, DRAFT = EMBEDDED_CHECKPOINTS["tiny-target"], EMBEDDED_CHECKPOINTS["tiny-
 
 def load_prompts(tokenizer, count: int, max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
     """Half Spec-Bench first turns (one per category, in order), half held-out Shakespeare."""
-    card = json.loads((TARGET.parent / "training_log.json").read_text())  # written by assets/train.py
+    card = json.loads((TARGET.parent / "training_log.json").read_text())  # written by tools/train_embedded_pair.py
     offset = int(card["corpus"]["val_offset"])
     rows = [json.loads(line) for line in (SHARED / "spec_bench_questions.jsonl").read_text().splitlines()]
     by_category: dict[str, str] = {}

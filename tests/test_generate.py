@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import CONFIGS, REPO
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.cli import cli
@@ -119,17 +119,30 @@ def test_ngram_lookup_continues_the_latest_match():
     assert drafter.lookup([4, 4, 4], 2) == [4]
 
 
+def load_training_script():
+    """tools/train_embedded_pair.py, which is in the repository but not in the installed package."""
+    import importlib.util
+    import sys
+
+    name = "train_embedded_pair"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before exec: dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def test_embedded_mtp_layers_match_the_training_script():
-    """The runner's MTP math is the math the layers were trained with (train.TargetWithMTP)."""
+    """The runner's MTP math is the math the layers were trained with (TargetWithMTP in the training script)."""
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-    from trtspec.assets.train import TargetWithMTP
     from trtspec.speculative.model import load_transformer
 
     path = EMBEDDED_CHECKPOINTS["tiny-target"]
     cfg = LlamaConfig.from_pretrained(path)
-    ref = TargetWithMTP(cfg, cfg.num_nextn_predict_layers).float().eval()
+    ref = load_training_script().TargetWithMTP(cfg, cfg.num_nextn_predict_layers).float().eval()
     layers = cfg.num_hidden_layers
     state = {}
     for key, value in load_file(str(path / "model.safetensors")).items():

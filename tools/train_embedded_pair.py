@@ -12,11 +12,14 @@ The weights are written as Hugging Face checkpoints (``LlamaForCausalLM`` loads 
 tensors sit in the target's safetensors under DeepSeek-V3's key names) together with a
 ``training_log.json`` of every number the model card quotes, and the card itself.
 
-Usage::
+Usage (from the repository root)::
 
-    python -m trtspec.assets.train --corpus ../shared/data/tinyshakespeare.txt --out trtspec/assets
+    python tools/train_embedded_pair.py --out trtspec/assets
 
-The corpus is never copied into ``--out``; only the split offset is recorded.
+The corpus is ``--corpus PATH``, by default ``$TRTSPEC_DATA/tinyshakespeare.txt`` (Tiny Shakespeare,
+fetched from CORPUS_URL). It is never copied into ``--out``; only the split offset is recorded. The
+script lives in ``tools/`` because it is how the shipped weights were made, not something an
+installed trtspec runs.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 VAL_FRACTION = 0.05
 SAMPLE_PROMPTS = ["ROMEO:\n", "First Citizen:\nWe are", "KING HENRY VI:\nO God, "]
+CORPUS_NAME = "tinyshakespeare.txt"
+CORPUS_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SCRIPT = "tools/train_embedded_pair.py"
 
 
 # --------------------------------------------------------------------------------------------
@@ -937,9 +943,28 @@ the models know nothing else (prompts in other styles fall back to Shakespeare-l
 # --------------------------------------------------------------------------------------------
 
 
+def resolve_corpus(given: Path | None) -> Path:
+    """``--corpus`` or ``$TRTSPEC_DATA/tinyshakespeare.txt``; without one, exit 2 saying what to fetch.
+
+    The corpus is not in the repository (only the weights trained on it are), so a missing file is
+    the first thing a re-run meets: one line naming the download beats a traceback.
+    """
+    data = os.environ.get("TRTSPEC_DATA")
+    path = given if given is not None else (Path(data) / CORPUS_NAME if data else None)
+    if path is None or not path.is_file():
+        what = f"{path} not found" if path is not None else "no corpus"
+        print(
+            f"{SCRIPT}: {what}: fetch Tiny Shakespeare from {CORPUS_URL} and save it as {CORPUS_NAME} in "
+            "$TRTSPEC_DATA (or pass --corpus PATH)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return path
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--corpus", type=Path, default=None, help=f"default: $TRTSPEC_DATA/{CORPUS_NAME} (Tiny Shakespeare)")
     p.add_argument("--out", type=Path, required=True, help="gets tiny-target/, tiny-draft/, training_log.json, card")
     p.add_argument(
         "--ckpt-dir",
@@ -977,6 +1002,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    args.corpus = resolve_corpus(args.corpus)
     t_total = time.time()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # denormals in AdamW state made fp32 steps several times slower here
@@ -1168,7 +1194,7 @@ def main(argv: list[str] | None = None) -> None:
     n_trunk = count_params(target.trunk)
     n_mtp = count_params(target.mtp)
     record: dict[str, Any] = {
-        "command": "python -m trtspec.assets.train " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": f"python {SCRIPT} " + " ".join(sys.argv[1:] if argv is None else argv),
         "seed": args.seed,
         "machine": {
             "cpu": platform.processor() or platform.machine(),
