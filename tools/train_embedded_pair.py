@@ -10,7 +10,8 @@ One module, one command, three phases (plus measurement):
 
 The weights are written as Hugging Face checkpoints (``LlamaForCausalLM`` loads both; the MTP
 tensors sit in the target's safetensors under DeepSeek-V3's key names) together with a
-``training_log.json`` of every number the model card quotes, and the card itself.
+``training_log.json`` of every number the model card quotes, and the card itself, rendered from
+that log through ``tools/model_card.md.tmpl`` (``--card-only`` re-renders it without training).
 
 Usage (from the repository root)::
 
@@ -33,6 +34,7 @@ import math
 import os
 import platform
 import shutil
+import string
 import sys
 import time
 from collections.abc import Callable
@@ -57,6 +59,7 @@ SAMPLE_PROMPTS = ["ROMEO:\n", "First Citizen:\nWe are", "KING HENRY VI:\nO God, 
 CORPUS_NAME = "tinyshakespeare.txt"
 CORPUS_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SCRIPT = "tools/train_embedded_pair.py"
+CARD_TEMPLATE = Path(__file__).resolve().with_name("model_card.md.tmpl")
 
 
 # --------------------------------------------------------------------------------------------
@@ -762,11 +765,15 @@ def greedy_samples(target_dir: Path, max_new: int) -> list[dict[str, str]]:
 # --------------------------------------------------------------------------------------------
 
 
-def write_model_card(path: Path, rec: dict[str, Any]) -> None:
-    """Render MODEL_CARD.md from the training log so the two can never disagree."""
+def card_fields(rec: dict[str, Any]) -> dict[str, str]:
+    """Every value the card template quotes, formatted, from the training log alone.
+
+    Only the log goes in, so the card can be re-rendered after a template edit without retraining
+    (``--card-only``) and can never quote a number the log does not hold.
+    """
     t, d, ev = rec["models"]["target"], rec["models"]["draft"], rec["eval"]
     vl, tr, gn = ev["validation"], ev["train_subset"], ev.get("target_samples", {})
-    ph = rec["phases"]
+    split, timing, hp, ver = rec["corpus"], rec["timing_fp32_2threads"], rec["hparams"], rec["verification"]
     f = lambda x, n=3: f"{x:.{n}f}"  # noqa: E731
 
     def cfg_line(c: dict[str, Any]) -> str:
@@ -778,164 +785,105 @@ def write_model_card(path: Path, rec: dict[str, Any]) -> None:
             f"{c['max_position_embeddings']}"
         )
 
-    rows = []
-    for name, r in [("validation (held-out Shakespeare)", vl), ("train subset", tr), ("target's own T=1 samples", gn)]:
-        if not r:
-            continue
-        rows.append(
-            f"| {name} | {f(r['ce_main'])} | {f(r['ce_mtp1'])} | {f(r['ce_mtp2'])} | {f(r['ce_draft'])} "
-            f"| {f(r['kl_draft'])} |"
-        )
-    acc_rows = []
-    for name, r in [("validation", vl), ("target samples", gn)]:
-        if not r:
-            continue
-        acc_rows.append(
-            f"| {name} | {f(r['draft_top1_agree'])} | {f(r['draft_sum_min'])} | "
-            f"{f(r['mtp1_top1_agree'])} | {f(r['mtp1_sum_min'])} | {f(r['mtp2_top1_agree'])} | "
-            f"{f(r['mtp2_sum_min'])} |"
-        )
-    timing = rec["timing_fp32_2threads"]
-    sweep = "\n".join(
+    loss_rows = [
+        f"| {name} | {f(r['ce_main'])} | {f(r['ce_mtp1'])} | {f(r['ce_mtp2'])} | {f(r['ce_draft'])} "
+        f"| {f(r['kl_draft'])} |"
+        for name, r in [
+            ("validation (held-out Shakespeare)", vl),
+            ("train subset", tr),
+            ("target's own T=1 samples", gn),
+        ]
+        if r
+    ]
+    agreement_rows = [
+        f"| {name} | {f(r['draft_top1_agree'])} | {f(r['draft_sum_min'])} | "
+        f"{f(r['mtp1_top1_agree'])} | {f(r['mtp1_sum_min'])} | {f(r['mtp2_top1_agree'])} | "
+        f"{f(r['mtp2_sum_min'])} |"
+        for name, r in [("validation", vl), ("target samples", gn)]
+        if r
+    ]
+    sizing_rows = [
         f"| {k} | {v['params']:,} | {f(v['hf_forward_ms'], 2)} | {f(v['matvec_ms'], 2)} |"
         for k, v in rec.get("sizing_sweep", {}).items()
-    )
-    phase_rows = "\n".join(
+    ]
+    phase_rows = [
         f"| {n} | {p['steps']} | {p['batch_size']}x{p['seq_len']} | {p['peak_lr']} | {f(p['wall_s'] / 60, 1)} | "
         f"{p['notes']} |"
-        for n, p in ph.items()
-    )
-    samples = "\n\n".join(
+        for n, p in rec["phases"].items()
+    ]
+    samples = [
         f"Prompt `{s['prompt']!r}` →\n\n```text\n{s['prompt']}{s['completion']}\n```" for s in rec["greedy_samples"]
-    )
-    split = rec["corpus"]
-    text = f"""# trtspec embedded tiny pair: `tiny-target` (+2 MTP layers) and `tiny-draft`
+    ]
+    notes = rec.get("card_notes")  # added to the log by hand after a run, never by this script
+    hidden = t["config"]["hidden_size"]
+    return {
+        "command": rec["command"],
+        "wall_min": f(rec["total_wall_s"] / 60, 1),
+        "cpu": rec["machine"]["cpu"],
+        "threads": str(rec["machine"]["threads"]),
+        "torch_version": rec["machine"]["torch"],
+        "transformers_version": rec["machine"]["transformers"],
+        "precision": rec["precision"],
+        "corpus_chars": f"{split['chars']:,}",
+        "corpus_sha256_prefix": split["sha256"][:16],
+        "val_offset": f"{split['val_offset']:,}",
+        "train_tokens": f"{split['train_tokens']:,}",
+        "val_tokens": f"{split['val_tokens']:,}",
+        "vocab_size": str(rec["tokenizer"]["vocab_size"]),
+        "chars_per_token": f(rec["tokenizer"]["chars_per_token"], 2),
+        "target_hidden": str(hidden),
+        "mb_per_1k_vocab": f"{5 * 1024 * hidden * 2 / 1e6:.1f}",
+        "target_config": cfg_line(t["config"]),
+        "params_trunk": f"{t['params_trunk']:,}",
+        "params_mtp": f"{t['params_mtp']:,}",
+        "params_mtp_copies": f"{t['params_mtp_copies']:,}",
+        "draft_config": cfg_line(d["config"]),
+        "params_draft": f"{d['params']:,}",
+        "target_bytes": f"{t['bytes']:,}",
+        "draft_bytes": f"{d['bytes']:,}",
+        "assets_bytes": f"{rec['bytes_assets_total']:,}",
+        "trunk_logit_diff": f"{ver['max_abs_logit_diff_trunk']:.2e}",
+        "mtp_logit_diff": f"{ver['max_abs_logit_diff_mtp']:.2e}",
+        "target_layers": str(t["config"]["num_hidden_layers"]),
+        "phase_rows": "\n".join(phase_rows),
+        "weight_decay": str(hp["weight_decay"]),
+        "grad_clip": str(hp["grad_clip"]),
+        "late_lambda_pct": str(int(100 * (1 - hp["lambda_switch"]))),
+        "dropout": str(hp["dropout"]),
+        "mtp_ce_weight": str(hp["mtp_ce_weight"]),
+        "draft_ce_weight": str(hp["draft_ce_weight"]),
+        "loss_rows": "\n".join(loss_rows),
+        "agreement_rows": "\n".join(agreement_rows),
+        "target_samples_info": ev["target_samples_info"],
+        "timing_ctx": str(timing["ctx"]),
+        "target_forward_ms": f(timing["target"]["hf_forward_ms"], 2),
+        "target_matvec_ms": f(timing["target"]["matvec_ms"], 2),
+        "draft_forward_ms": f(timing["draft"]["hf_forward_ms"], 2),
+        "draft_matvec_ms": f(timing["draft"]["matvec_ms"], 2),
+        "mtp_step_matvec_ms": f(timing["mtp_step_matvec_ms"], 2),
+        "target_over_draft_matvec": f"{timing['target']['matvec_ms'] / timing['draft']['matvec_ms']:.1f}",
+        "sizing_rows": "\n".join(sizing_rows),
+        "throughput_bf16": f"{rec['train_throughput']['bf16']:.0f}",
+        "throughput_fp32": f"{rec['train_throughput']['fp32']:.0f}",
+        "greedy_samples": "\n\n".join(samples),
+        "seq_len": str(hp["seq_len"]),
+        "notes_after_the_run": "\n" + "\n".join(notes) if notes else "",
+    }
 
-Toy models for **CPU demos and tests of speculative decoding** in trtspec. They write
-Shakespeare-flavoured text and nothing else; they are not useful language models.
 
-## How they were made
+def render_model_card(rec: dict[str, Any]) -> str:
+    """MODEL_CARD.md from the training log through ``tools/model_card.md.tmpl``.
 
-The weights were trained from scratch by the project's own script, `python -m trtspec.assets.train`
-(`trtspec/assets/train.py`), with exactly this command (from the repository root):
+    The prose lives in the template so it can be read and edited as Markdown; ``substitute``
+    (not ``safe_substitute``) makes a field the template names but the log lacks an error.
+    """
+    text = string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(card_fields(rec))
+    return text.rstrip("\n") + "\n"
 
-```bash
-{rec["command"]}
-```
 
-Runtime: {f(rec["total_wall_s"] / 60, 1)} min wall on {rec["machine"]["cpu"]} with {rec["machine"]["threads"]} torch
-threads (torch {rec["machine"]["torch"]}, transformers {rec["machine"]["transformers"]}), training precision
-`{rec["precision"]}`. The script is deterministic for a given `--seed` and thread count, and resumable
-(atomic checkpoints under `--ckpt-dir`).
-
-## Data
-
-* Corpus: `tinyshakespeare.txt` (karpathy/char-rnn, public domain, {split["chars"]:,} characters,
-  sha256 `{split["sha256"][:16]}…`). **The corpus is not shipped** with trtspec; only the weights are.
-* Split: characters `[0, {split["val_offset"]:,})` are training text, `[{split["val_offset"]:,}, {split["chars"]:,})`
-  (the last 5%, snapped to a line start) are held-out validation text. Benchmarks draw prompts from the
-  validation part. Tokens: {split["train_tokens"]:,} train / {split["val_tokens"]:,} validation.
-
-## Tokenizer
-
-Byte-level BPE (`tokenizers`, GPT-2 pre-tokenisation, no `<unk>` ever needed), **vocab {rec["tokenizer"]["vocab_size"]}**,
-trained on the training split only; specials `<s>`=0 (bos), `</s>`=1 (eos), `<pad>`=2, `<unk>`=3. Encoding with
-special tokens prepends `<s>`; every training window also starts with `<s>`. {f(rec["tokenizer"]["chars_per_token"], 2)}
-characters/token on validation text; exact round-trip verified. Why 2048: the output head is the only
-vocab-sized matmul per draft step, and DeepSeek-V3's layout stores a copy of the embedding *and* of the head
-inside each MTP layer, so with d={t["config"]["hidden_size"]} each extra 1k of vocab would cost
-{5 * 1024 * t["config"]["hidden_size"] * 2 / 1e6:.1f} MB of the 38 MB budget. Both model folders carry
-byte-identical `tokenizer.json`, `tokenizer_config.json` (`PreTrainedTokenizerFast`) and `special_tokens_map.json`.
-
-## Models
-
-| | config | parameters | file |
-|---|---|---|---|
-| target trunk | {cfg_line(t["config"])} | {t["params_trunk"]:,} | `tiny-target/` |
-| 2 MTP layers | DeepSeek-V3 layout, each: enorm, hnorm, eh_proj [d, 2d], a Llama block, shared_head.norm | {t["params_mtp"]:,} trained (+ {t["params_mtp_copies"]:,} stored copies of embed/head) | `tiny-target/` |
-| draft | {cfg_line(d["config"])} | {d["params"]:,} | `tiny-draft/` |
-
-Stored in bf16: `tiny-target/model.safetensors` {t["bytes"]:,} bytes, `tiny-draft/model.safetensors`
-{d["bytes"]:,} bytes; everything under `trtspec/assets/` totals **{rec["bytes_assets_total"]:,} bytes**
-(limit 38 MB).
-
-`tiny-target/config.json` is a plain `LlamaConfig` plus `"num_nextn_predict_layers": 2`;
-`LlamaForCausalLM.from_pretrained("tiny-target")` loads the trunk (the MTP keys are reported as unexpected)
-and reproduces the training module's logits (max abs diff {rec["verification"]["max_abs_logit_diff_trunk"]:.2e};
-MTP layers rebuilt from the raw keys: {rec["verification"]["max_abs_logit_diff_mtp"]:.2e}).
-
-MTP layers sit at `model.layers.{{L+k}}` (L = {t["config"]["num_hidden_layers"]}, k = 0, 1) with DeepSeek-V3's keys
-(`enorm`, `hnorm`, `eh_proj`, `input_layernorm`, `post_attention_layernorm`, `self_attn.{{q,k,v,o}}_proj`,
-`mlp.{{gate,up,down}}_proj`, `shared_head.norm`, and copies `embed_tokens`, `shared_head.head` equal to the
-trunk's embedding/head — shared during training, never trained separately). The math: with h0 the trunk's final
-hidden state after `model.norm`, for depth k = 1, 2 and i = 0..n-1-k:
-`x_i = eh_proj(cat[enorm(embed(tok[i+k])), hnorm(h(k-1)_i)])`, `h(k)_i = LlamaDecoderLayer(x)_i` (causal,
-rotary position i), `logits(k)_i = head(shared_head.norm(h(k)_i))` predicts `tok[i+k+1]`.
-
-## Training
-
-| phase | steps | batch × seq | peak lr | wall (min) | notes |
-|---|---|---|---|---|---|
-{phase_rows}
-
-All phases: AdamW (β 0.9/0.95, weight decay {rec["hparams"]["weight_decay"]} on matrices), linear warmup then cosine
-to 10% of peak, grad-clip {rec["hparams"]["grad_clip"]}. Joint phase: loss CE_main + λ/2·(CE_1 + CE_2) with
-λ = 0.3, then 0.1 for the last {int(100 * (1 - rec["hparams"]["lambda_switch"]))}% of steps (DeepSeek-V3's schedule),
-residual dropout {rec["hparams"]["dropout"]} (train-time hooks only; the architecture is plain Llama).
-**MTP-only phase (added after joint training):** trunk frozen; each depth k fitted to the trunk's own next-token
-distribution at position i+k (KL, {rec["hparams"]["mtp_ce_weight"]} CE mix), on half training text, half the
-target's own T=1 samples. **Draft:** distilled from the finished (bf16-rounded) target by KL(p_target‖q_draft) at
-T=1 ({rec["hparams"]["draft_ce_weight"]} CE mix) on the same mix of text and target samples.
-
-## Results
-
-Losses (nats/token, fp32, bf16-rounded shipped weights; teacher-forced):
-
-| text | CE main | CE MTP-1 (tok i+2) | CE MTP-2 (tok i+3) | CE draft | KL(target‖draft) |
-|---|---|---|---|---|---|
-{chr(10).join(rows)}
-
-Agreement with the target (per position; `sum min` = Σ_x min(p, q) at T=1, the expected acceptance of one
-speculative-sampling proposal; MTP depth k at i is compared with the target's distribution at i+k given the true
-prefix):
-
-| text | draft top-1 | draft Σmin | MTP-1 top-1 | MTP-1 Σmin | MTP-2 top-1 | MTP-2 Σmin |
-|---|---|---|---|---|---|---|
-{chr(10).join(acc_rows)}
-
-"target samples" are {rec["eval"]["target_samples_info"]}.
-
-## Speed (this CPU, 2 threads, fp32, one token with a {timing["ctx"]}-token KV cache, HF `LlamaForCausalLM` + `DynamicCache`, sdpa)
-
-| model | HF forward (ms) | weight mat-vecs only (ms) |
-|---|---|---|
-| target trunk | {f(timing["target"]["hf_forward_ms"], 2)} | {f(timing["target"]["matvec_ms"], 2)} |
-| draft | {f(timing["draft"]["hf_forward_ms"], 2)} | {f(timing["draft"]["matvec_ms"], 2)} |
-| one MTP step (eh_proj + block + head) | — | {f(timing["mtp_step_matvec_ms"], 2)} |
-
-Most of an HF forward is Python/framework overhead; a lean runner approaches the mat-vec column, where the
-target costs {timing["target"]["matvec_ms"] / timing["draft"]["matvec_ms"]:.1f}× the draft.
-
-Sizing sweep measured before training (random init, same method):
-
-| candidate | params | HF forward (ms) | mat-vecs (ms) |
-|---|---|---|---|
-{sweep}
-
-Training throughput (joint step, tokens/s): bf16 autocast {rec["train_throughput"]["bf16"]:.0f},
-fp32 {rec["train_throughput"]["fp32"]:.0f} → `{rec["precision"]}` used.
-
-## Greedy samples from the target
-
-{samples}
-
-## Limitations
-
-Tiny, trained for minutes on 1 MB of Shakespeare: the text is locally plausible and globally meaningless, and
-the models know nothing else (prompts in other styles fall back to Shakespeare-like text). Trained context is
-{rec["hparams"]["seq_len"]} tokens including `<s>`; positions beyond that are untested.
-"""  # noqa: E501
-    atomic_write_bytes(path, text.encode())
+def write_model_card(path: Path, rec: dict[str, Any]) -> None:
+    """Render MODEL_CARD.md from the training log so the two can never disagree."""
+    atomic_write_bytes(path, render_model_card(rec).encode())
 
 
 # --------------------------------------------------------------------------------------------
@@ -997,11 +945,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--no-sizing", action="store_true", help="skip the pre-training timing sweep")
+    p.add_argument(
+        "--card-only",
+        action="store_true",
+        help="only re-render MODEL_CARD.md in --out from its training_log.json (after a template edit); no training",
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.card_only:
+        rec = json.loads((args.out / "training_log.json").read_text(encoding="utf-8"))
+        write_model_card(args.out / "MODEL_CARD.md", rec)
+        return
     args.corpus = resolve_corpus(args.corpus)
     t_total = time.time()
     torch.set_num_threads(args.threads)
