@@ -383,3 +383,128 @@ def test_client_check_blames_the_client_only_past_its_thresholds():
     busy = client_check(ClientStats(cpu_s=19, wall_s=10), 2)
     assert not busy["ok"] and "client CPU 95% of 2 worker(s)" in busy["verdict"]
     assert client_check(ClientStats(cpu_s=17, wall_s=10), 2)["ok"]
+
+
+# ---- the shape of summary.json ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trivial_openai():
+    """tests/openai_server.py --trivial: a stream of one-token chunks, no model (fast, in a subprocess)."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from trtspec.serve.server import free_ports
+
+    port = free_ports(1)[0]
+    server = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "openai_server.py"), "--port", str(port), "--trivial"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"openai://127.0.0.1:{port}/trivial"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _metrics_page():
+    """A stand-in Triton /metrics whose trtspec counters move by 10 drafts and 4 accepted per read."""
+    import http.server
+    import threading
+
+    from trtspec.repository import spec_metrics as m
+
+    reads = [0]
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            n = reads[0] = reads[0] + 1
+            lbl = 'model="tensorrt_llm",mode="draft-target",version="1"'
+            body = (
+                f"{m.DRAFT_TOKENS}{{{lbl}}} {10 * n}\n{m.ACCEPTED_TOKENS}{{{lbl}}} {4 * n}\n"
+                f'{m.STEPS}{{{lbl}}} {5 * n}\n{m.REQUESTS}{{{lbl},speculative="true"}} {2 * n}\n'
+            )
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *_args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+# The keys of summary.json, in order, at every level: the HTML report and users' scripts read them.
+SUMMARY_KEYS = ["started", "targets", "options", "levels", "complete", "comparison", "lossless", "slo_failed"]
+OPTIONS_KEYS = ["num_requests", "duration_s", "warmup", "max_tokens", "fixed_length", "temperature", "workers",
+                "prompts", "slo_attainment"]  # fmt: skip
+LEVEL_KEYS = ["level", "load", "targets", "client"]
+LOAD_KEYS = ["concurrency", "rate", "max_concurrency", "arrival", "burstiness"]
+TARGET_KEYS = ["requests", "completed", "failed", "not_sent", "errors", "short_outputs", "duration_s",
+               "request_throughput", "output_token_throughput", "input_token_throughput", "output_tokens", "ttft_ms",
+               "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "tokens_per_chunk", "acceptance", "slo", "by_category",
+               "server_metrics", "min_tokens_sent"]  # fmt: skip
+FAILED_TARGET_KEYS = ["requests", "completed", "failed", "not_sent", "errors", "short_outputs", "by_category",
+                      "server_metrics", "min_tokens_sent"]  # fmt: skip
+DISTRIBUTION_KEYS = ["count", "mean", "std", "min", "p50", "p90", "p95", "p99", "max"]
+ESTIMATED_ACCEPTANCE_KEYS = ["source", "acceptance_rate", "accepted_tokens_per_step"]
+SLO_KEYS = ["limits_ms", "good_requests", "attainment", "goodput"]
+CATEGORY_KEYS = ["completed", "tpot_ms", "acceptance"]
+SERVER_KEYS = ["available", "url", "requests", "speculated_requests", "steps", "draft_tokens", "accepted_tokens",
+               "acceptance_rate", "tokens_per_step"]  # fmt: skip
+NO_SERVER_KEYS = ["available", "why", "url"]
+CLIENT_KEYS = ["workers", "dispatch_lag_ms", "loop_lag_ms", "cpu_fraction_per_worker", "ok", "verdict"]
+COMPARISON_KEYS = ["level", "latency_speedup", "tpot_speedup", "throughput_ratio", "pays", "stops_paying_here"]
+
+
+def test_summary_json_keeps_its_keys_at_every_level(trivial_openai, tmp_path, runner, monkeypatch):
+    from trtspec.cli import cli
+
+    # the lossless check's result is its own module's dict, stored whole under "lossless"
+    monkeypatch.setattr("trtspec.bench.run.run_lossless", lambda *_args: {"pass": True})
+    page = _metrics_page()
+    try:
+        out = tmp_path / "ab"
+        result = runner.invoke(cli, [
+            "bench", trivial_openai, "--compare", trivial_openai, "--tokenizer", TOKENIZER,
+            "--dataset", str(REPO / "trtspec" / "assets" / "demo_prompts.jsonl"), "--per-category", "1",
+            "--max-tokens", "6", "--concurrency", "1,2", "--num-requests", "4", "--warmup", "1", "--slo", "e2e=60000",
+            "--verify-lossless", "--lossless-samples", "20", "--natural-length", "--out", str(out), "--json",
+            "--server-metrics", f"http://127.0.0.1:{page.server_port}/metrics",
+        ])  # fmt: skip
+    finally:
+        page.shutdown()
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert json.loads(result.stdout) == summary  # --json prints what summary.json holds
+    assert list(summary) == SUMMARY_KEYS and list(summary["options"]) == OPTIONS_KEYS
+    assert summary["complete"] and summary["slo_failed"] == [] and summary["lossless"] == {"pass": True}
+    assert [lv["level"] for lv in summary["levels"]] == ["concurrency=1", "concurrency=2"]
+    for level in summary["levels"]:
+        assert list(level) == LEVEL_KEYS and list(level["load"]) == LOAD_KEYS
+        assert list(level["targets"]) == list(level["client"]) == ["A", "B"]
+        for label, t in level["targets"].items():
+            assert list(t) == TARGET_KEYS
+            for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "tokens_per_chunk"):
+                assert list(t[metric]) == DISTRIBUTION_KEYS, metric
+            assert list(t["acceptance"]) == ESTIMATED_ACCEPTANCE_KEYS and list(t["slo"]) == SLO_KEYS
+            assert list(t["by_category"]) == ["comedy", "history", "tragedy"]
+            for category in t["by_category"].values():
+                assert list(category) == CATEGORY_KEYS and list(category["tpot_ms"]) == DISTRIBUTION_KEYS
+            assert list(t["server_metrics"]) == (SERVER_KEYS if label == "A" else NO_SERVER_KEYS)
+            assert t["min_tokens_sent"] is False
+            assert list(level["client"][label]) == CLIENT_KEYS
+            assert list(level["client"][label]["dispatch_lag_ms"]) == ["p50", "p99", "max"]
+        assert level["targets"]["A"]["server_metrics"]["draft_tokens"] == 10
+    assert [list(row) for row in summary["comparison"]] == [COMPARISON_KEYS] * 2
