@@ -6,19 +6,34 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import CONFIGS, SHARED
+from conftest import CONFIGS
 from test_check import DEEPSEEK_R1, LLAMA_1B, LLAMA_70B, _published, config
 
 from trtspec.cli import cli
 from trtspec.config import validate_config
 from trtspec.errors import UsageError
 from trtspec.plan import batch_sizes, gpu_costs, predict
-from trtspec.prompts import load_prompts
+from trtspec.prompts import BUILTIN_PROMPTS, load_prompts
 
 
 def test_prompt_formats(tmp_path):
-    spec = load_prompts(SHARED / "data" / "spec_bench_questions.jsonl", per_category=2)
-    assert len(spec) == 26 and len({p.category for p in spec}) == 13
+    # Spec-Bench's rows (question_id, category, turns): the first turn is the prompt
+    spec_rows = tmp_path / "question.jsonl"
+    spec_rows.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": c, "turns": [f"{c} question {i}", "a second turn"]}) + "\n"
+            for i, c in enumerate(["writing", "writing", "writing", "math", "math", "rag"])
+        )
+    )
+    spec = load_prompts(spec_rows, per_category=2)
+    assert [(p.id, p.category, p.text) for p in spec][:3] == [
+        ("0", "writing", "writing question 0"),
+        ("1", "writing", "writing question 1"),
+        ("3", "math", "math question 3"),
+    ]
+    assert len(spec) == 5 and len({p.category for p in spec}) == 3
+    builtin = load_prompts(BUILTIN_PROMPTS, per_category=2)
+    assert len(builtin) == 6 and len({p.category for p in builtin}) == 3
     rows = tmp_path / "p.jsonl"
     rows.write_text('{"prompt": "hello"}\n\n{"text": "world", "category": "qa"}\n')
     assert [(p.text, p.category) for p in load_prompts(rows)] == [("hello", "all"), ("world", "qa")]
@@ -90,12 +105,8 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
         [
             "plan",
             str(CONFIGS / "tiny-draft-target.yaml"),
-            "--prompts",
-            str(SHARED / "data" / "spec_bench_questions.jsonl"),
             "--per-category",
             "1",
-            "--limit",
-            "4",
             "--max-tokens",
             "24",
             "--out",
@@ -108,8 +119,16 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
     assert plan == json.loads(res.output)
     assert 1 <= plan["recommended_num_draft_tokens"] <= 8
     assert len(plan["acceptance_per_position"]) >= 1 and all(0 <= r <= 1 for r in plan["acceptance_per_position"])
-    first_four = {p.category for p in load_prompts(SHARED / "data" / "spec_bench_questions.jsonl", per_category=1)[:4]}
-    assert set(plan["by_category"]) == first_four
+    # no --prompts: the built-in set, one prompt of each of its three categories
+    assert (
+        set(plan["by_category"])
+        == {p.category for p in load_prompts(BUILTIN_PROMPTS)}
+        == {
+            "tragedy",
+            "history",
+            "comedy",
+        }
+    )
     assert set(plan["best_by_batch"]) == {"1", "2", "4"}
     assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -117,7 +136,7 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
 def test_plan_refuses_baseline_and_hub_ids(runner, tmp_path):
     res = runner.invoke(
         cli,
-        ["plan", str(CONFIGS / "tiny-baseline.yaml"), "--prompts", str(SHARED / "data" / "spec_bench_questions.jsonl")],
+        ["plan", str(CONFIGS / "tiny-baseline.yaml")],
     )
     assert res.exit_code == 2 and "nothing to plan" in res.stderr
     res = runner.invoke(
@@ -125,8 +144,6 @@ def test_plan_refuses_baseline_and_hub_ids(runner, tmp_path):
         [
             "plan",
             str(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml"),
-            "--prompts",
-            str(SHARED / "data" / "spec_bench_questions.jsonl"),
         ],
     )
     assert res.exit_code == 2 and "hub id" in res.stderr

@@ -152,9 +152,10 @@ def check(config: Path, as_json: bool) -> None:
 @click.option(
     "--prompts",
     "prompts_file",
-    required=True,
+    default=None,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="JSONL (Spec-Bench rows or prompt/text fields) or text, one prompt per line.",
+    help="JSONL (Spec-Bench rows or prompt/text fields) or text, one prompt per line "
+    "(default: the built-in set of 12 prompts in 3 categories, matched to the embedded pair).",
 )
 @click.option("--max-tokens", type=click.IntRange(8), default=96, help="Tokens generated per prompt.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use the first N prompts.")
@@ -174,7 +175,7 @@ def check(config: Path, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print plan.json.")
 def plan(
     config: Path,
-    prompts_file: Path,
+    prompts_file: Path | None,
     max_tokens: int,
     limit: int | None,
     per_category: int | None,
@@ -186,10 +187,10 @@ def plan(
     from trtspec.config import load_config
     from trtspec.fsutil import atomic_write_text
     from trtspec.plan import run_plan, write_plot
-    from trtspec.prompts import load_prompts
+    from trtspec.prompts import BUILTIN_PROMPTS, load_prompts
 
     cfg = load_config(config)
-    prompts = load_prompts(prompts_file, limit=limit, per_category=per_category)
+    prompts = load_prompts(prompts_file or BUILTIN_PROMPTS, limit=limit, per_category=per_category)
     result = run_plan(cfg, prompts, max_tokens, gpu)
     out = out or Path(cfg.build.output_dir) / cfg.name
     atomic_write_text(out / "plan.json", json.dumps(result, indent=2))

@@ -7,8 +7,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtspec.assets import ASSETS_DIR
 from trtspec.errors import UsageError
 
+# Twelve openings from three kinds of play, the register the embedded pair was trained on: `plan` and
+# the demo run on them when no prompts file is given, so both work on a fresh install.
+BUILTIN_PROMPTS = ASSETS_DIR / "demo_prompts.jsonl"
 TEXT_FIELDS = ("prompt", "text", "question", "input")
 
 
