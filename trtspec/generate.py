@@ -8,7 +8,7 @@ from typing import Any
 
 from trtspec.config import DeploymentConfig
 from trtspec.errors import UsageError
-from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
+from trtspec.speculative.factory import runner_for
 from trtspec.speculative.runner import GenerationParams
 from trtspec.speculative.sampling import SamplingParams
 
@@ -32,29 +32,8 @@ def generate_text(
     from transformers import AutoTokenizer
 
     mode = req.mode or cfg.mode
-    k = req.num_draft_tokens or cfg.speculation.num_draft_tokens
-    if k == "auto":
-        raise UsageError("speculation.num_draft_tokens is auto: pass --num-draft-tokens (or run trtspec plan)")
+    runner = runner_for(cfg, mode, req.num_draft_tokens)
     target_path = cfg.checkpoint_path(cfg.target)
-    if target_path is None:
-        raise UsageError(
-            f"target.checkpoint {cfg.target.checkpoint} is a hub id; the torch runner needs a local "
-            "directory (download it first)"
-        )
-    draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft else None
-    if mode == "draft-target" and cfg.draft is not None and draft_path is None:
-        raise UsageError(f"draft.checkpoint {cfg.draft.checkpoint} is a hub id; download it first")
-    device = resolve_device(cfg.build.device)
-    runner = load_runner(
-        target_path,
-        mode,
-        draft_path,
-        num_draft_tokens=int(k),
-        mtp_layers=cfg.mtp.num_nextn_predict_layers if cfg.mtp else None,
-        device=device,
-        dtype=resolve_dtype(cfg.target.dtype, device),
-        max_len=cfg.build.max_seq_len,
-    )
     tokenizer = AutoTokenizer.from_pretrained(str(target_path))
     s = cfg.speculation.sampling
     sampling = SamplingParams(
@@ -95,7 +74,7 @@ def generate_text(
     stats["tokens_per_s"] = out.stats.output_tokens / total if total else 0.0
     return {
         "mode": mode,
-        "num_draft_tokens": int(k) if mode != "none" else 0,
+        "num_draft_tokens": runner.num_draft_tokens,
         "prompt": req.prompt,
         "text": text,
         "tokens": out.tokens,

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from trtspec.errors import UsageError
 from trtspec.speculative.drafters import Drafter, DraftModelDrafter, MTPDrafter, NgramDrafter
 from trtspec.speculative.model import Transformer, load_transformer
+from trtspec.speculative.planted import planted_from_env, planted_verify
 from trtspec.speculative.runner import SpeculativeRunner
+
+if TYPE_CHECKING:
+    from trtspec.config import DeploymentConfig
 
 RUNNER_MODES = ("none", "draft-target", "mtp", "ngram")
 
@@ -38,8 +43,12 @@ def load_runner(
     dtype: torch.dtype = torch.float32,
     max_len: int = 2048,
     target: Transformer | None = None,
+    planted: str | None = None,
 ) -> SpeculativeRunner:
-    """A runner for `mode`; pass `target` to share one loaded target between several runners."""
+    """A runner for `mode`; pass `target` to share one loaded target between several runners.
+
+    `planted` names a wrong verification rule (trtspec.speculative.planted) for checking the
+    lossless check; without it the environment's TRTSPEC_PLANTED_BUG decides, normally unset."""
     if mode not in RUNNER_MODES:
         raise UsageError(f"mode must be one of {', '.join(RUNNER_MODES)}, got {mode!r}")
     target = target or load_transformer(target_path, dtype=dtype, device=device, max_len=max_len, mtp_layers=mtp_layers)
@@ -60,4 +69,41 @@ def load_runner(
         drafter = MTPDrafter(target, mtp_layers)
     elif mode == "ngram":
         drafter = NgramDrafter()
-    return SpeculativeRunner(target, drafter, num_draft_tokens=num_draft_tokens, max_len=max_len)
+    verify_fn = planted_verify(planted) if planted else planted_from_env()
+    return SpeculativeRunner(target, drafter, num_draft_tokens=num_draft_tokens, max_len=max_len, verify_fn=verify_fn)
+
+
+def runner_for(
+    cfg: DeploymentConfig,
+    mode: str | None = None,
+    num_draft_tokens: int | None = None,
+    target: Transformer | None = None,
+    planted: str | None = None,
+) -> SpeculativeRunner:
+    """The runner a deployment config describes, as `generate` and the served torch models run it."""
+    mode = mode or cfg.mode
+    k = num_draft_tokens or cfg.speculation.num_draft_tokens
+    if k == "auto":
+        raise UsageError("speculation.num_draft_tokens is auto: pass --num-draft-tokens (or run trtspec plan)")
+    target_path = cfg.checkpoint_path(cfg.target)
+    if target_path is None:
+        raise UsageError(
+            f"target.checkpoint {cfg.target.checkpoint} is a hub id; the torch runner needs a local "
+            "directory (download it first)"
+        )
+    draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft else None
+    if mode == "draft-target" and cfg.draft is not None and draft_path is None:
+        raise UsageError(f"draft.checkpoint {cfg.draft.checkpoint} is a hub id; download it first")
+    device = resolve_device(cfg.build.device)
+    return load_runner(
+        target_path,
+        mode,
+        draft_path,
+        num_draft_tokens=int(k),
+        mtp_layers=cfg.mtp.num_nextn_predict_layers if cfg.mtp else None,
+        device=device,
+        dtype=resolve_dtype(cfg.target.dtype, device),
+        max_len=cfg.build.max_seq_len,
+        target=target,
+        planted=planted,
+    )
