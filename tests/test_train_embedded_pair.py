@@ -55,3 +55,8 @@ def test_the_corpus_defaults_to_trtspec_data(script, tmp_path, monkeypatch):
         script.resolve_corpus(None)
     (tmp_path / "tinyshakespeare.txt").write_text("First Citizen:\n")
     assert script.resolve_corpus(None) == tmp_path / "tinyshakespeare.txt"
+
+
+def test_a_defaulted_corpus_is_logged_by_its_variable_not_this_machines_path(script):
+    hparams = script.hparams_record(script.parse_args(["--out", "trtspec/assets"]))
+    assert hparams["corpus"] == "$TRTSPEC_DATA/tinyshakespeare.txt" and hparams["out"] == "trtspec/assets"

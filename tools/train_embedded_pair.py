@@ -38,6 +38,7 @@ import string
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +94,6 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 def count_params(module: nn.Module) -> int:
     """Count unique parameters (tied embedding/head counted once)."""
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
-
-
-def cpu_name() -> str:
-    """CPU model string for the record (timings only mean something next to it)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def autocast_ctx(precision: str) -> contextlib.AbstractContextManager:
@@ -911,6 +903,7 @@ def resolve_corpus(given: Path | None) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options; every one is recorded in the log's ``hparams`` so a run can be repeated."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", type=Path, default=None, help=f"default: $TRTSPEC_DATA/{CORPUS_NAME} (Tiny Shakespeare)")
     p.add_argument("--out", type=Path, required=True, help="gets tiny-target/, tiny-draft/, training_log.json, card")
@@ -953,64 +946,101 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.card_only:
-        rec = json.loads((args.out / "training_log.json").read_text(encoding="utf-8"))
-        write_model_card(args.out / "MODEL_CARD.md", rec)
-        return
-    args.corpus = resolve_corpus(args.corpus)
-    t_total = time.time()
+# The shapes the sizing sweep chose (d_model, layers, heads, KV heads, ffn); the card explains why.
+TARGET_SHAPE = (384, 6, 6, 2, 1024)
+DRAFT_SHAPE = (192, 2, 3, 3, 512)
+MTP_DEPTH = 2
+
+
+@dataclass
+class Corpus:
+    """The corpus bytes and its train/validation split (the card quotes sizes, hash and offset)."""
+
+    path: Path
+    raw: bytes
+    text: str
+    train_text: str
+    val_text: str
+    offset: int
+
+
+@dataclass
+class Tokens:
+    """The trained tokenizer's directory and facts, and both splits encoded with it."""
+
+    tok_dir: Path
+    info: dict[str, Any]
+    train_ids: torch.Tensor
+    val_ids: torch.Tensor
+
+
+def configure_torch(args: argparse.Namespace) -> None:
+    """Fix threads, seed and kernels first: the run is only reproducible for a given seed and thread count."""
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # denormals in AdamW state made fp32 steps several times slower here
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+
+
+def checkpoint_dir(args: argparse.Namespace) -> Path:
+    """Resumable checkpoints live outside the repository (they are large and never shipped)."""
     ckpt_dir: Path = args.ckpt_dir or Path.home() / ".cache" / "trtspec-train" / f"seed{args.seed}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    return ckpt_dir
 
-    raw = args.corpus.read_bytes()
+
+def read_corpus(path: Path) -> Corpus:
+    """Read and split the corpus once; the raw bytes are kept for the hash the log records."""
+    raw = path.read_bytes()
     text = raw.decode("utf-8")
     train_text, val_text, offset = split_corpus(text)
     log("corpus", chars=len(text), val_offset=offset)
+    return Corpus(path, raw, text, train_text, val_text, offset)
 
-    # ---- tokenizer
+
+def build_tokenizer(corpus: Corpus, ckpt_dir: Path, args: argparse.Namespace) -> Tokens:
+    """Train, write and round-trip-check the tokenizer on the training split, then encode both splits."""
     tok_dir = ckpt_dir / "tokenizer"
-    tok = train_tokenizer(train_text, args.vocab_size)
+    tok = train_tokenizer(corpus.train_text, args.vocab_size)
     write_tokenizer(tok, tok_dir, args.seq_len)
-    tok_info = check_tokenizer(tok_dir, val_text)
-    tok_info["vocab_size"] = tok.get_vocab_size()
-    train_ids = torch.tensor(tok.encode(train_text, add_special_tokens=False).ids, dtype=torch.long)
-    val_ids = torch.tensor(tok.encode(val_text, add_special_tokens=False).ids, dtype=torch.long)
+    info = check_tokenizer(tok_dir, corpus.val_text)
+    info["vocab_size"] = tok.get_vocab_size()
+    train_ids = torch.tensor(tok.encode(corpus.train_text, add_special_tokens=False).ids, dtype=torch.long)
+    val_ids = torch.tensor(tok.encode(corpus.val_text, add_special_tokens=False).ids, dtype=torch.long)
     log(
         "tokenizer",
-        vocab=tok_info["vocab_size"],
+        vocab=info["vocab_size"],
         train_tokens=len(train_ids),
         val_tokens=len(val_ids),
-        chars_per_token=tok_info["chars_per_token"],
+        chars_per_token=info["chars_per_token"],
     )
-    V = tok_info["vocab_size"]
+    return Tokens(tok_dir, info, train_ids, val_ids)
 
-    # ---- configs
-    t_cfg = llama_config(V, 384, 6, 6, 2, 1024, args.seq_len)
-    d_cfg = llama_config(V, 192, 2, 3, 3, 512, args.seq_len)
-    depth = 2
 
-    sweep = {} if args.no_sizing else sizing_sweep(V, args.seq_len)
-    torch.manual_seed(args.seed)
-    target = TargetWithMTP(t_cfg, depth)
+def choose_precision(target: TargetWithMTP, train_ids: torch.Tensor, args: argparse.Namespace) -> dict[str, float]:
+    """Measure bf16 against fp32 train steps and set ``args.precision_used`` (``auto``: the faster one).
+
+    bf16 only wins on CPUs with bf16 units, so it is measured on this machine rather than assumed.
+    """
     throughput = measure_train_throughput(target, train_ids, args)
     if args.precision == "auto":
         args.precision_used = "bf16" if throughput["bf16"] > throughput["fp32"] else "fp32"
     else:
         args.precision_used = args.precision
     log("precision", used=args.precision_used)
+    return throughput
 
-    # ---- phase 1: joint target + MTP
+
+def train_joint(
+    target: TargetWithMTP, train_ids: torch.Tensor, args: argparse.Namespace, ckpt_dir: Path
+) -> dict[str, Any]:
+    """Phase 1: trunk and MTP layers together on corpus text, then the trunk rounded to bf16.
+
+    The rounding comes before the MTP and draft phases so they fit the trunk exactly as shipped.
+    """
     handles = add_residual_dropout(target.trunk, args.dropout)
     switch = int(args.steps * args.lambda_switch)
-    joint = train_phase(
+    state = train_phase(
         "joint",
         target,
         list(target.parameters()),
@@ -1026,39 +1056,59 @@ def main(argv: list[str] | None = None) -> None:
         h.remove()
     target.eval()
     bf16_roundtrip(target.trunk)  # the shipped trunk is bf16: fit MTP and draft to exactly that
+    return state
 
-    # ---- target samples (on-policy text for the MTP and draft phases, and an extra eval set)
+
+def target_sample_pool(
+    target: TargetWithMTP, train_ids: torch.Tensor, args: argparse.Namespace, ckpt_dir: Path
+) -> torch.Tensor:
+    """The target's own T=1 text (cached in ``ckpt_dir``): what MTP and draft are fitted on, since
+    it is the text speculative decoding drafts for."""
     pool_path = ckpt_dir / "pool.pt"
     if pool_path.exists():
-        pool = torch.load(pool_path)
-    else:
-        t0 = time.time()
-        g = torch.Generator().manual_seed(args.seed + 2)
-        chunks = []
-        for _ in range(0, args.pool_seqs, 64):
-            prompts = random_windows(train_ids, 64, 32, g)
-            chunks.append(sample_from_target(target.trunk, prompts, args.seq_len, g))
-        pool = torch.cat(chunks)[: args.pool_seqs]
-        atomic_torch_save(pool, pool_path)
-        log("pool", seqs=len(pool), wall_s=time.time() - t0)
+        return torch.load(pool_path)
+    t0 = time.time()
+    g = torch.Generator().manual_seed(args.seed + 2)
+    chunks = []
+    for _ in range(0, args.pool_seqs, 64):
+        prompts = random_windows(train_ids, 64, 32, g)
+        chunks.append(sample_from_target(target.trunk, prompts, args.seq_len, g))
+    pool = torch.cat(chunks)[: args.pool_seqs]
+    atomic_torch_save(pool, pool_path)
+    log("pool", seqs=len(pool), wall_s=time.time() - t0)
+    return pool
 
-    def mixed_batch(g: torch.Generator) -> torch.Tensor:
+
+def mixed_batches(
+    pool: torch.Tensor, train_ids: torch.Tensor, args: argparse.Namespace
+) -> Callable[[torch.Generator], torch.Tensor]:
+    """Half corpus windows, half target samples: on-policy text without forgetting the corpus."""
+
+    def batch(g: torch.Generator) -> torch.Tensor:
         half = args.batch_size // 2
         rows = torch.randint(0, len(pool), (args.batch_size - half,), generator=g)
         return torch.cat([random_windows(train_ids, half, args.seq_len, g), pool[rows]])
 
-    # ---- phase 2: MTP-only fit to the frozen trunk's distributions
+    return batch
+
+
+def train_mtp(
+    target: TargetWithMTP,
+    batches: Callable[[torch.Generator], torch.Tensor],
+    args: argparse.Namespace,
+    ckpt_dir: Path,
+) -> dict[str, Any]:
+    """Phase 2: the trunk frozen, the MTP layers fitted to its distributions; then all rounded to bf16."""
     for p in target.trunk.parameters():
         p.requires_grad_(False)
-    mtp_params = [p for p in target.mtp.parameters()]
-    mtp_state: dict[str, Any] = {"wall_s": 0.0, "history": []}
+    state: dict[str, Any] = {"wall_s": 0.0, "history": []}
     if args.mtp_steps > 0:
-        mtp_state = train_phase(
+        state = train_phase(
             "mtp",
             target,
-            mtp_params,
+            list(target.mtp.parameters()),
             lambda ids, step: mtp_kl_loss(target, ids, args.mtp_ce_weight),
-            mixed_batch,
+            batches,
             args.mtp_steps,
             args.mtp_lr,
             args,
@@ -1067,16 +1117,25 @@ def main(argv: list[str] | None = None) -> None:
         )
     target.eval()
     bf16_roundtrip(target)
+    return state
 
-    # ---- phase 3: draft distillation
+
+def train_draft(
+    target: TargetWithMTP,
+    d_cfg: LlamaConfig,
+    batches: Callable[[torch.Generator], torch.Tensor],
+    args: argparse.Namespace,
+    ckpt_dir: Path,
+) -> tuple[LlamaForCausalLM, dict[str, Any]]:
+    """Phase 3: the draft distilled from the finished target, then rounded to bf16 as shipped."""
     torch.manual_seed(args.seed + 4)
     draft = LlamaForCausalLM(d_cfg)
-    draft_state = train_phase(
+    state = train_phase(
         "draft",
         draft,
         list(draft.parameters()),
         lambda ids, step: draft_loss(target.trunk, draft, ids, args.draft_ce_weight),
-        mixed_batch,
+        batches,
         args.draft_steps,
         args.draft_lr,
         args,
@@ -1085,10 +1144,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     draft.eval()
     bf16_roundtrip(draft)
+    return draft, state
 
-    # ---- save
+
+def save_models(
+    out: Path,
+    target: TargetWithMTP,
+    draft: LlamaForCausalLM,
+    t_cfg: LlamaConfig,
+    d_cfg: LlamaConfig,
+    tok_dir: Path,
+) -> tuple[Path, Path]:
+    """Write ``tiny-target/`` and ``tiny-draft/``; the pair must share byte-identical tokenizer files."""
     target_dir, draft_dir = out / "tiny-target", out / "tiny-draft"
-    save_checkpoint_dir(target_dir, target_tensors(target), t_cfg, {"num_nextn_predict_layers": depth}, tok_dir)
+    save_checkpoint_dir(target_dir, target_tensors(target), t_cfg, {"num_nextn_predict_layers": MTP_DEPTH}, tok_dir)
     d_tensors = {
         k: v.detach().to(torch.bfloat16).contiguous().clone()
         for k, v in draft.state_dict().items()
@@ -1097,19 +1166,30 @@ def main(argv: list[str] | None = None) -> None:
     save_checkpoint_dir(draft_dir, d_tensors, d_cfg, {}, tok_dir)
     for f in TOKENIZER_FILES:
         assert (target_dir / f).read_bytes() == (draft_dir / f).read_bytes()
-    probe = fixed_windows(val_ids, 64, limit=2)
-    verification = verify_target_dir(target_dir, target, torch.stack(probe))
+    return target_dir, draft_dir
+
+
+def verify_saved(
+    target_dir: Path, draft_dir: Path, target: TargetWithMTP, draft: LlamaForCausalLM, val_ids: torch.Tensor
+) -> dict[str, Any]:
+    """Reload what was written and compare logits with the in-memory models: the files are what ships."""
+    probe = torch.stack(fixed_windows(val_ids, 64, limit=2))
+    verification = verify_target_dir(target_dir, target, probe)
     hf_draft = LlamaForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
     with torch.no_grad():
-        verification["max_abs_logit_diff_draft"] = (
-            (hf_draft(torch.stack(probe)).logits - draft(torch.stack(probe)).logits).abs().max().item()
-        )
+        verification["max_abs_logit_diff_draft"] = (hf_draft(probe).logits - draft(probe).logits).abs().max().item()
     assert verification["max_abs_logit_diff_draft"] < 1e-3
     log("verified", **verification)
+    return verification
 
-    # ---- evaluate
-    val_windows = fixed_windows(val_ids, args.seq_len)
-    train_windows = fixed_windows(train_ids, args.seq_len, limit=len(val_windows))
+
+def evaluate_all(
+    target: TargetWithMTP, draft: LlamaForCausalLM, tokens: Tokens, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Losses and agreement on held-out text, an equal-sized train subset and the target's own samples
+    (the last is closest to what the draft sees while speculating)."""
+    val_windows = fixed_windows(tokens.val_ids, args.seq_len)
+    train_windows = fixed_windows(tokens.train_ids, args.seq_len, limit=len(val_windows))
     g = torch.Generator().manual_seed(args.seed + 6)
     val_prompts = torch.stack([w[:32] for w in val_windows[:16]])
     gen_eval = sample_from_target(target.trunk, val_prompts, args.seq_len, g)
@@ -1125,8 +1205,11 @@ def main(argv: list[str] | None = None) -> None:
     for k, v in ev.items():
         if isinstance(v, dict):
             log(f"eval {k}", **v)
+    return ev
 
-    # ---- timing of the shipped models (fp32, as a CPU runner would hold them)
+
+def time_shipped(target_dir: Path, draft_dir: Path, target: TargetWithMTP) -> dict[str, Any]:
+    """Per-token times of the shipped models in fp32, as a CPU runner would hold them."""
     timing = {
         "ctx": 256,
         "target": decode_ms(LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)),
@@ -1134,90 +1217,172 @@ def main(argv: list[str] | None = None) -> None:
         "mtp_step_matvec_ms": mtp_matvec_ms(target),
     }
     log("timing", **{f"{k}_{m}": v for k, d in timing.items() if isinstance(d, dict) for m, v in d.items()})
+    return timing
+
+
+def corpus_record(corpus: Corpus, tokens: Tokens) -> dict[str, Any]:
+    """The corpus by name, size, hash and split offset: enough to re-derive the split, nothing shipped."""
+    return {
+        "file": corpus.path.name,
+        "chars": len(corpus.text),
+        "bytes": len(corpus.raw),
+        "sha256": hashlib.sha256(corpus.raw).hexdigest(),
+        "val_offset": corpus.offset,
+        "val_offset_note": "character offset == byte offset (ASCII); validation = text[val_offset:]",
+        "train_chars": len(corpus.train_text),
+        "val_chars": len(corpus.val_text),
+        "train_tokens": len(tokens.train_ids),
+        "val_tokens": len(tokens.val_ids),
+        "shipped": False,
+    }
+
+
+def models_record(
+    target: TargetWithMTP, draft: LlamaForCausalLM, target_dir: Path, draft_dir: Path, vocab: int
+) -> dict[str, Any]:
+    """Configs as written, parameter counts and file sizes of the shipped pair."""
+    return {
+        "target": {
+            "config": json.loads((target_dir / "config.json").read_text()),
+            "params_trunk": count_params(target.trunk),
+            "params_mtp": count_params(target.mtp),
+            "params_mtp_copies": 2 * MTP_DEPTH * vocab * target.trunk.config.hidden_size,
+            "bytes": (target_dir / "model.safetensors").stat().st_size,
+        },
+        "draft": {
+            "config": json.loads((draft_dir / "config.json").read_text()),
+            "params": count_params(draft),
+            "bytes": (draft_dir / "model.safetensors").stat().st_size,
+        },
+    }
+
+
+def phase_record(args: argparse.Namespace, state: dict[str, Any], steps: int, lr: float, notes: str) -> dict[str, Any]:
+    """One phase's settings, wall time and loss history, as the card's training table reads them."""
+    return {
+        "steps": steps,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "peak_lr": lr,
+        "wall_s": state.get("wall_s", 0.0),
+        "final_train_ema": state.get("final_ema", {}),
+        "history": state.get("history", []),
+        "notes": notes,
+    }
+
+
+def phases_record(
+    args: argparse.Namespace, joint: dict[str, Any], mtp: dict[str, Any], draft: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The three phases in training order, each with the one-line summary the card's table shows."""
+    return {
+        "joint": phase_record(
+            args, joint, args.steps, args.lr, f"target + 2 MTP layers, CE + λ/2 ΣCE_k, dropout {args.dropout}"
+        ),
+        "mtp": phase_record(args, mtp, args.mtp_steps, args.mtp_lr, "trunk frozen, MTP layers only, KL to trunk"),
+        "draft": phase_record(args, draft, args.draft_steps, args.draft_lr, "KL(target‖draft) at T=1"),
+    }
+
+
+def machine_record(args: argparse.Namespace) -> dict[str, Any]:
+    """Where the timings were taken: they only mean something next to the machine and versions."""
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def hparams_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments as run; a defaulted corpus is named by its variable, not by this machine's path."""
+    rec = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    if args.corpus is None:
+        rec["corpus"] = f"$TRTSPEC_DATA/{CORPUS_NAME}"
+    return rec
+
+
+def assets_bytes(out: Path) -> int:
+    """Size of everything under ``--out`` that ships (the card states it against the size budget)."""
+    return sum(
+        p.stat().st_size
+        for p in out.rglob("*")
+        if p.is_file() and not p.name.endswith((".tmp", ".pyc")) and "__pycache__" not in p.parts
+    )
+
+
+def write_log_and_card(out: Path, record: dict[str, Any]) -> None:
+    """Write training_log.json and MODEL_CARD.md, then again with the assets' total size in them.
+
+    The total includes the log and card themselves, so it is measured after writing them; three
+    passes settle it (the log's own size barely moves).
+    """
+    log_path, card_path = out / "training_log.json", out / "MODEL_CARD.md"
+    record["bytes_assets_total"] = 0
+    for _ in range(3):
+        atomic_write_json(log_path, record)
+        write_model_card(card_path, record)
+        record["bytes_assets_total"] = assets_bytes(out)
+    atomic_write_json(log_path, record)
+    write_model_card(card_path, record)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Tokenizer, three training phases, save, verify, evaluate, time, then the log and card."""
+    args = parse_args(argv)
+    if args.card_only:
+        rec = json.loads((args.out / "training_log.json").read_text(encoding="utf-8"))
+        write_model_card(args.out / "MODEL_CARD.md", rec)
+        return
+    corpus_path = resolve_corpus(args.corpus)
+    t_total = time.time()
+    configure_torch(args)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = checkpoint_dir(args)
+
+    corpus = read_corpus(corpus_path)
+    tokens = build_tokenizer(corpus, ckpt_dir, args)
+    vocab = tokens.info["vocab_size"]
+    t_cfg = llama_config(vocab, *TARGET_SHAPE, args.seq_len)
+    d_cfg = llama_config(vocab, *DRAFT_SHAPE, args.seq_len)
+
+    sweep = {} if args.no_sizing else sizing_sweep(vocab, args.seq_len)
+    torch.manual_seed(args.seed)
+    target = TargetWithMTP(t_cfg, MTP_DEPTH)
+    throughput = choose_precision(target, tokens.train_ids, args)
+
+    joint = train_joint(target, tokens.train_ids, args, ckpt_dir)
+    batches = mixed_batches(target_sample_pool(target, tokens.train_ids, args, ckpt_dir), tokens.train_ids, args)
+    mtp_state = train_mtp(target, batches, args, ckpt_dir)
+    draft, draft_state = train_draft(target, d_cfg, batches, args, ckpt_dir)
+
+    target_dir, draft_dir = save_models(out, target, draft, t_cfg, d_cfg, tokens.tok_dir)
+    verification = verify_saved(target_dir, draft_dir, target, draft, tokens.val_ids)
+    ev = evaluate_all(target, draft, tokens, args)
+    timing = time_shipped(target_dir, draft_dir, target)
     samples = greedy_samples(target_dir, 80)
 
-    def phase_rec(st: dict[str, Any], steps: int, lr: float, notes: str) -> dict[str, Any]:
-        return {
-            "steps": steps,
-            "batch_size": args.batch_size,
-            "seq_len": args.seq_len,
-            "peak_lr": lr,
-            "wall_s": st.get("wall_s", 0.0),
-            "final_train_ema": st.get("final_ema", {}),
-            "history": st.get("history", []),
-            "notes": notes,
-        }
-
-    n_trunk = count_params(target.trunk)
-    n_mtp = count_params(target.mtp)
     record: dict[str, Any] = {
         "command": f"python {SCRIPT} " + " ".join(sys.argv[1:] if argv is None else argv),
         "seed": args.seed,
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "threads": args.threads,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
-        "corpus": {
-            "file": args.corpus.name,
-            "chars": len(text),
-            "bytes": len(raw),
-            "sha256": hashlib.sha256(raw).hexdigest(),
-            "val_offset": offset,
-            "val_offset_note": "character offset == byte offset (ASCII); validation = text[val_offset:]",
-            "train_chars": len(train_text),
-            "val_chars": len(val_text),
-            "train_tokens": len(train_ids),
-            "val_tokens": len(val_ids),
-            "shipped": False,
-        },
-        "tokenizer": tok_info,
-        "models": {
-            "target": {
-                "config": json.loads((target_dir / "config.json").read_text()),
-                "params_trunk": n_trunk,
-                "params_mtp": n_mtp,
-                "params_mtp_copies": 2 * depth * V * t_cfg.hidden_size,
-                "bytes": (target_dir / "model.safetensors").stat().st_size,
-            },
-            "draft": {
-                "config": json.loads((draft_dir / "config.json").read_text()),
-                "params": count_params(draft),
-                "bytes": (draft_dir / "model.safetensors").stat().st_size,
-            },
-        },
+        "machine": machine_record(args),
+        "corpus": corpus_record(corpus, tokens),
+        "tokenizer": tokens.info,
+        "models": models_record(target, draft, target_dir, draft_dir, vocab),
         "precision": args.precision_used,
         "train_throughput": throughput,
         "sizing_sweep": sweep,
-        "hparams": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "phases": {
-            "joint": phase_rec(
-                joint, args.steps, args.lr, f"target + 2 MTP layers, CE + λ/2 ΣCE_k, dropout {args.dropout}"
-            ),
-            "mtp": phase_rec(mtp_state, args.mtp_steps, args.mtp_lr, "trunk frozen, MTP layers only, KL to trunk"),
-            "draft": phase_rec(draft_state, args.draft_steps, args.draft_lr, "KL(target‖draft) at T=1"),
-        },
+        "hparams": hparams_record(args),
+        "phases": phases_record(args, joint, mtp_state, draft_state),
         "verification": verification,
         "eval": ev,
         "timing_fp32_2threads": timing,
         "greedy_samples": samples,
     }
     record["total_wall_s"] = time.time() - t_total
-    record["bytes_assets_total"] = 0
-    log_path, card_path = out / "training_log.json", out / "MODEL_CARD.md"
-    # sizes: write once to measure, then record the final total (the log's own size barely moves)
-    for _ in range(3):
-        atomic_write_json(log_path, record)
-        write_model_card(card_path, record)
-        record["bytes_assets_total"] = sum(
-            p.stat().st_size
-            for p in out.rglob("*")
-            if p.is_file() and not p.name.endswith((".tmp", ".pyc")) and "__pycache__" not in p.parts
-        )
-    atomic_write_json(log_path, record)
-    write_model_card(card_path, record)
+    write_log_and_card(out, record)
     log("done", total_min=record["total_wall_s"] / 60, assets_bytes=record["bytes_assets_total"])
 
 
