@@ -1,24 +1,17 @@
-"""How much speculation can pay: Leviathan et al.'s expected speedup, with a measured verify cost.
+"""How many tokens a speculative step emits, from measured per-position acceptance.
 
-With acceptance a (i.i.d. per position) and K drafts, a step emits (1 - a^(K+1)) / (1 - a) tokens
-(the accepted drafts plus the residual or bonus token). A step costs K draft steps of relative cost
-c and one target pass over K+1 tokens of relative cost v(K) (Leviathan's form assumes v = 1; on a
-CPU verifying K+1 tokens costs 1.3-1.5x one step, so trtspec carries v measured). The per-position
-variant uses a_1..a_K, the probability that position j is accepted given 1..j-1 were, since MTP
-and draft acceptance fall with depth.
+With K drafts, a step emits the accepted drafts plus one token of the target's own (the residual
+or bonus token). Acceptance falls with depth for MTP and draft models alike, so it is carried per
+position: a_1..a_K, the probability that position j is accepted given 1..j-1 were. With i.i.d.
+acceptance a this is Leviathan et al.'s (1 - a^(K+1)) / (1 - a). What a step costs is measured, not
+modelled here: `trtspec plan` divides by its timed step, the benchmarks by K draft steps of relative
+cost c plus a verify pass of measured relative cost v(K) (on a CPU 1.3-1.5x one plain step, not the 1
+Leviathan's form assumes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
-
-def expected_tokens_per_step(a: float, k: int) -> float:
-    if k == 0:
-        return 1.0
-    if a >= 1.0:
-        return float(k + 1)
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
+from collections.abc import Sequence
 
 
 def expected_tokens_per_step_positional(rates: Sequence[float]) -> float:
@@ -28,28 +21,6 @@ def expected_tokens_per_step_positional(rates: Sequence[float]) -> float:
         alive *= rate
         total += alive
     return total
-
-
-def speedup(a: float, k: int, c: float, v: Callable[[int], float] | float = 1.0) -> float:
-    """Expected tokens per unit time relative to plain decoding (one target step = 1)."""
-    verify = v(k) if callable(v) else (v if k > 0 else 1.0)
-    return expected_tokens_per_step(a, k) / (k * c + verify)
-
-
-def speedup_positional(rates: Sequence[float], c: float, v: Callable[[int], float] | float = 1.0) -> float:
-    k = len(rates)
-    verify = v(k) if callable(v) else (v if k > 0 else 1.0)
-    return expected_tokens_per_step_positional(rates) / (k * c + verify)
-
-
-def best_k(a: float, c: float, v: Callable[[int], float] | float = 1.0, k_max: int = 16) -> tuple[int, float]:
-    """The integer K in 0..k_max with the highest expected speedup (no closed form exists)."""
-    return max(((k, speedup(a, k, c, v)) for k in range(k_max + 1)), key=lambda kv: kv[1])
-
-
-def best_k_positional(rates: Sequence[float], c: float, v: Callable[[int], float] | float = 1.0) -> tuple[int, float]:
-    """Best K <= len(rates) when acceptance is given per position."""
-    return max(((k, speedup_positional(rates[:k], c, v)) for k in range(len(rates) + 1)), key=lambda kv: kv[1])
 
 
 def conditional_rates(drafted: Sequence[int], accepted: Sequence[int]) -> list[float]:
