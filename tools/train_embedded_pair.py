@@ -174,7 +174,7 @@ def check_tokenizer(tok_dir: Path, sample: str) -> dict[str, Any]:
     with_bos = hf("Hello")["input_ids"]
     assert with_bos[0] == BOS_ID, with_bos
     assert hf.decode(with_bos, skip_special_tokens=True) == "Hello"
-    assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id, hf.unk_token_id) == (0, 1, 2, 3)
+    assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id, hf.unk_token_id) == (BOS_ID, EOS_ID, PAD_ID, UNK_ID)
     return {"class": type(hf).__name__, "roundtrip_chars": len(sample), "chars_per_token": len(sample) / len(ids)}
 
 
