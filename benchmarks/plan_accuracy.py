@@ -20,6 +20,8 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from trtspec.config import load_config
+from trtspec.data import data_file
+from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
 from trtspec.plan import run_plan
 from trtspec.prompts import load_prompts
@@ -28,7 +30,6 @@ from trtspec.speculative.runner import GenerationParams
 from trtspec.speculative.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
-SPEC_BENCH = REPO.parent / "shared" / "data" / "spec_bench_questions.jsonl"
 CONFIGS = ["tiny-draft-target.yaml", "tiny-mtp.yaml"]
 
 
@@ -45,7 +46,7 @@ def tokens_per_second(runner, prompts: list[list[int]], max_tokens: int, samplin
 
 def measure(config: str, per_category: int, max_tokens: int, max_prompt_tokens: int = 256) -> dict:
     cfg = load_config(REPO / "configs" / config)
-    prompts = load_prompts(SPEC_BENCH, per_category=per_category)
+    prompts = load_prompts(data_file("spec_bench_questions.jsonl"), per_category=per_category)
     plan = run_plan(cfg, prompts, max_tokens, max_prompt_tokens=max_prompt_tokens)
     k = plan["recommended_num_draft_tokens"]
     target_path = cfg.checkpoint_path(cfg.target)
@@ -100,4 +101,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

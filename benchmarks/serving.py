@@ -25,6 +25,8 @@ from transformers import AutoTokenizer
 
 from trtspec.build.builder import run_build
 from trtspec.config import load_config
+from trtspec.data import data_file
+from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
 from trtspec.repository.package import package_repository
 from trtspec.serve.server import Ports, free_ports, start_server, wait_ready
@@ -32,13 +34,12 @@ from trtspec.speculative.factory import load_runner
 from trtspec.speculative.runner import GenerationParams
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 MODES = {"none": "tiny-baseline.yaml", "draft-target": "tiny-draft-target.yaml", "mtp": "tiny-mtp.yaml"}
 FLAVOURS = ("llmapi", "engine")
 
 
 def held_out_prompts(count: int) -> list[str]:
-    text = (SHARED / "tinyshakespeare.txt").read_text()
+    text = data_file("tinyshakespeare.txt").read_text()
     held = text[int(len(text) * 0.95) :]
     chunks = [c.strip() for c in held.split("\n\n") if len(c.strip()) > 200]
     step = max(1, len(chunks) // count)
@@ -166,4 +167,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -21,6 +21,8 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
+from trtspec.data import data_file
+from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
 from trtspec.plan import forward_seconds, median_seconds
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
@@ -28,7 +30,6 @@ from trtspec.speculative.factory import load_runner
 from trtspec.speculative.model import Transformer, load_transformer
 from trtspec.speculative.runner import GenerationParams
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TARGET, DRAFT = EMBEDDED_CHECKPOINTS["tiny-target"], EMBEDDED_CHECKPOINTS["tiny-draft"]
 
 
@@ -36,12 +37,12 @@ def load_prompts(tokenizer, count: int, max_prompt_tokens: int) -> list[tuple[st
     """Half Spec-Bench first turns (one per category, in order), half held-out Shakespeare."""
     card = json.loads((TARGET.parent / "training_log.json").read_text())  # written by tools/train_embedded_pair.py
     offset = int(card["corpus"]["val_offset"])
-    rows = [json.loads(line) for line in (SHARED / "spec_bench_questions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in data_file("spec_bench_questions.jsonl").read_text().splitlines()]
     by_category: dict[str, str] = {}
     for row in rows:
         by_category.setdefault(row["category"], row["turns"][0])
     bench = [(f"spec-bench/{c}", t) for c, t in sorted(by_category.items())][: count // 2]
-    held_out = (SHARED / "tinyshakespeare.txt").read_text()[offset:]
+    held_out = data_file("tinyshakespeare.txt").read_text()[offset:]
     chunks = [c.strip() for c in held_out.split("\n\n") if len(c.strip()) > 200]
     step = max(1, len(chunks) // (count - len(bench)))
     corpus = [(f"held-out/{i}", chunks[i * step][:600]) for i in range(count - len(bench))]
@@ -238,4 +239,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -1,4 +1,4 @@
-"""Shared fixtures: paths of the repository, the shared data beside it, and a CLI runner."""
+"""Shared fixtures: paths of the repository and a CLI runner."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 CONFIGS = REPO / "configs"
 
 

@@ -21,3 +21,14 @@ class UsageError(TrtspecError):
 
 class ConfigError(UsageError):
     """A deployment config that cannot be loaded; the message starts with the file name."""
+
+
+def run_script(main) -> int:
+    """A benchmark's or tool's entry point with the CLI's contract: one line and the exit code."""
+    import sys
+
+    try:
+        return main()
+    except TrtspecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
