@@ -19,6 +19,7 @@ from trtspec.bench.lossless import chi_square_homogeneity, verdict
 from trtspec.bench.metrics import SLO, acceptance, distribution, summarize
 from trtspec.bench.protocols import Chunk, Contract, Request, Target
 from trtspec.bench.records import RecordWriter, RequestRecord, read_records
+from trtspec.bench.results import Acceptance, BenchSummary, Distribution, LevelSummary, TargetSummary
 from trtspec.bench.run import compare_levels
 from trtspec.bench.schedule import Load, arrival_gaps, arrival_times
 from trtspec.errors import UsageError
@@ -97,30 +98,31 @@ def test_aggregates_equal_hand_computed_values():
         record(2, 2.0, 2.0, [], [], None, error="HTTP 500: x"),
     ]  # fmt: skip
     s = summarize(records, SLO.parse("ttft=150,tpot=200"))
-    assert (s["requests"], s["completed"], s["failed"]) == (3, 2, 1)
-    assert s["duration_s"] == pytest.approx(1.6)  # first scheduled -> last end
-    assert s["output_token_throughput"] == pytest.approx(9 / 1.6)
-    assert s["request_throughput"] == pytest.approx(2 / 1.6)
-    assert s["ttft_ms"]["mean"] == pytest.approx(150.0)
-    assert s["ttft_ms"]["max"] == pytest.approx(200.0)
-    assert s["tpot_ms"]["mean"] == pytest.approx(((0.4 / 4) + (0.4 / 3)) / 2 * 1000)
-    assert s["itl_ms"]["count"] == 3 and s["itl_ms"]["mean"] == pytest.approx(1000 * (0.2 + 0.2 + 0.4) / 3)
-    assert s["e2e_ms"]["p50"] == pytest.approx(550.0)
+    assert (s.requests, s.completed, s.failed) == (3, 2, 1)
+    assert s.duration_s == pytest.approx(1.6)  # first scheduled -> last end
+    assert s.output_token_throughput == pytest.approx(9 / 1.6)
+    assert s.request_throughput == pytest.approx(2 / 1.6)
+    assert s.ttft_ms.mean == pytest.approx(150.0)
+    assert s.ttft_ms.max == pytest.approx(200.0)
+    assert s.tpot_ms.mean == pytest.approx(((0.4 / 4) + (0.4 / 3)) / 2 * 1000)
+    assert s.itl_ms.count == 3 and s.itl_ms.mean == pytest.approx(1000 * (0.2 + 0.2 + 0.4) / 3)
+    assert s.e2e_ms.p50 == pytest.approx(550.0)
     # pooled over tokens: (2 + 2) / (4 + 2), and (4 + 3 produced after the first) / (7 - 4 accepted) steps
-    assert s["acceptance"]["acceptance_rate"] == pytest.approx(4 / 6)
-    assert s["acceptance"]["accepted_tokens_per_step"] == pytest.approx(7 / 3)
-    assert s["acceptance"]["source"] == "server"
+    assert s.acceptance.acceptance_rate == pytest.approx(4 / 6)
+    assert s.acceptance.accepted_tokens_per_step == pytest.approx(7 / 3)
+    assert s.acceptance.source == "server"
+    assert (s.acceptance.draft_tokens, s.acceptance.accepted_draft_tokens) == (6, 4)
     # SLO: request 0 (ttft 100, tpot 100) is good, request 1 has ttft 200 > 150, the failure is not
-    assert s["slo"]["good_requests"] == 1 and s["slo"]["attainment"] == pytest.approx(1 / 3)
-    assert s["slo"]["goodput"] == pytest.approx(1 / 1.6)
+    assert s.slo.good_requests == 1 and s.slo.attainment == pytest.approx(1 / 3)
+    assert s.slo.goodput == pytest.approx(1 / 1.6)
 
 
 def test_percentiles_and_estimated_acceptance():
     d = distribution(range(1, 101))
-    assert [d["p50"], d["p90"], d["p99"], d["max"], d["mean"]] == pytest.approx([50.5, 90.1, 99.01, 100.0, 50.5])
-    assert d["std"] == pytest.approx(np.std(range(1, 101)))
+    assert [d.p50, d.p90, d.p99, d.max, d.mean] == pytest.approx([50.5, 90.1, 99.01, 100.0, 50.5])
+    assert d.std == pytest.approx(np.std(range(1, 101)))
     est = acceptance([record(0, 0, 0, [0.1, 0.2, 0.3], [1, 3, 2], 0.3)])
-    assert est["source"].startswith("estimate") and est["accepted_tokens_per_step"] == pytest.approx(2.5)
+    assert est.source.startswith("estimate") and est.accepted_tokens_per_step == pytest.approx(2.5)
 
 
 def test_slo_parsing_rejects_bad_specs():
@@ -130,18 +132,31 @@ def test_slo_parsing_rejects_bad_specs():
             SLO.parse(bad)
 
 
-def test_compare_marks_where_speculation_stops_paying():
-    def level(name, a_ms, b_ms):
-        t = {"e2e_ms": {"mean": a_ms}, "output_token_throughput": 1000 / a_ms}
-        u = {"e2e_ms": {"mean": b_ms}, "output_token_throughput": 1000 / b_ms}
-        return {"level": name, "targets": {"A": t, "B": u}}
+def dist(mean: float, p99: float | None = None) -> Distribution:
+    p99 = mean * 3 if p99 is None else p99
+    return Distribution(64, mean, mean / 4, mean / 3, mean * 0.9, p99 * 0.8, p99 * 0.9, p99, p99 * 1.1)
 
-    rows = compare_levels(
-        [level("c=1", 50, 100), level("c=8", 90, 100), level("c=32", 120, 100), level("c=64", 200, 100)]
-    )
-    assert [r["latency_speedup"] for r in rows] == pytest.approx([2.0, 100 / 90, 100 / 120, 0.5])
-    assert [r["pays"] for r in rows] == [True, True, False, False]
-    assert [r["stops_paying_here"] for r in rows] == [False, False, True, False]
+
+def measured(e2e_ms: float, tok_s: float, **kw) -> TargetSummary:
+    """A target's summary at a level with every request completed: latencies scale with the e2e mean."""
+    return TargetSummary(
+        requests=1024, completed=1024, failed=0, not_sent=0, errors=[], short_outputs=0, duration_s=30.0,
+        request_throughput=tok_s / 200, output_token_throughput=tok_s, input_token_throughput=tok_s / 2,
+        output_tokens=int(tok_s * 30), ttft_ms=dist(e2e_ms / 10), tpot_ms=dist(e2e_ms / 100), itl_ms=dist(e2e_ms / 50),
+        e2e_ms=dist(e2e_ms), queue_ms=dist(1.0), tokens_per_chunk=dist(1.0, 1.0), acceptance=Acceptance(None), **kw,
+    )  # fmt: skip
+
+
+def test_compare_marks_where_speculation_stops_paying():
+    def level(n, a_ms, b_ms):
+        a, b = measured(a_ms, 1000 / a_ms), measured(b_ms, 1000 / b_ms)
+        return LevelSummary(f"concurrency={n}", Load(concurrency=n), {"A": a, "B": b})
+
+    rows = compare_levels([level(1, 50, 100), level(8, 90, 100), level(32, 120, 100), level(64, 200, 100)])
+    assert [r.latency_speedup for r in rows] == pytest.approx([2.0, 100 / 90, 100 / 120, 0.5])
+    assert [r.pays for r in rows] == [True, True, False, False]
+    assert [r.stops_paying_here for r in rows] == [False, False, True, False]
+    assert [r.tpot_speedup for r in rows] == pytest.approx([2.0, 100 / 90, 100 / 120, 0.5])
 
 
 def test_records_are_flushed_per_line_and_a_cut_line_is_skipped(tmp_path):
@@ -377,12 +392,12 @@ def test_client_check_blames_the_client_only_past_its_thresholds():
     from trtspec.bench.selfcheck import client_check
 
     calm = client_check(ClientStats(dispatch_lag_s=[0.001] * 100, loop_lag_s=[0.002] * 100, cpu_s=1, wall_s=10), 1)
-    assert calm["ok"] and calm["verdict"].startswith("ok")
+    assert calm.ok and calm.verdict.startswith("ok")
     late = client_check(ClientStats(dispatch_lag_s=[0.001] * 90 + [0.05] * 10, cpu_s=1, wall_s=10), 1)
-    assert not late["ok"] and "dispatch lag" in late["verdict"] and late["dispatch_lag_ms"]["max"] == pytest.approx(50)
+    assert not late.ok and "dispatch lag" in late.verdict and late.dispatch_lag_ms["max"] == pytest.approx(50)
     busy = client_check(ClientStats(cpu_s=19, wall_s=10), 2)
-    assert not busy["ok"] and "client CPU 95% of 2 worker(s)" in busy["verdict"]
-    assert client_check(ClientStats(cpu_s=17, wall_s=10), 2)["ok"]
+    assert not busy.ok and "client CPU 95% of 2 worker(s)" in busy.verdict
+    assert client_check(ClientStats(cpu_s=17, wall_s=10), 2).ok
 
 
 # ---- the shape of summary.json ---------------------------------------------------------------------
@@ -508,3 +523,18 @@ def test_summary_json_keeps_its_keys_at_every_level(trivial_openai, tmp_path, ru
             assert list(level["client"][label]["dispatch_lag_ms"]) == ["p50", "p99", "max"]
         assert level["targets"]["A"]["server_metrics"]["draft_tokens"] == 10
     assert [list(row) for row in summary["comparison"]] == [COMPARISON_KEYS] * 2
+
+
+def test_summary_of_a_target_with_nothing_completed_keeps_its_short_shape():
+    from trtspec.bench.load import ClientStats
+    from trtspec.bench.results import to_json
+    from trtspec.bench.run import BenchOptions, target_summary
+
+    failed = [record(i, 0.0, 0.0, [], [], None, error="HTTP 500: x") for i in range(3)]
+    opts = BenchOptions(targets={"A": "openai://h:1/m"}, levels=[], prompts=[], out_dir=REPO, slo=SLO.parse("e2e=9"))
+    s = target_summary(failed, opts, {"available": False, "why": "down", "url": None}, ClientStats())
+    assert list(to_json(s)) == FAILED_TARGET_KEYS and to_json(s)["errors"] == ["HTTP 500: x"]
+    level = LevelSummary("rate=2", Load(rate=2.0), {"A": s}, aborted="the server stopped answering")
+    assert list(to_json(level)) == [*LEVEL_KEYS, "aborted"]
+    # before the first level: no comparison yet, and no slo_failed until the run ends
+    assert list(BenchSummary("t", {"A": "u"}, {}).to_json()) == ["started", "targets", "options", "levels", "complete"]

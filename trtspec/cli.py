@@ -420,11 +420,11 @@ def serve(
 @click.option("--compare-server-metrics", help="The baseline server's /metrics URL (default: a config's).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Results directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of tables.")
-def bench(target: str, baseline: str | None, protocol: str, host: str, **o: Any) -> None:
+def bench(**flags: Any) -> None:
     """Load-test a served deployment from the client side, optionally A/B against a baseline."""
-    from trtspec.bench.cli_run import bench_command
+    from trtspec.bench.cli_run import BenchArgs, bench_command
 
-    code = bench_command(target, baseline, protocol, host, o, console)
+    code = bench_command(BenchArgs(**flags), console)
     if code:
         sys.exit(code)
 

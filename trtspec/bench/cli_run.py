@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from trtspec.bench.datasets import LengthSpec, from_file, load_tokenizer, synthetic
 from trtspec.bench.load import default_workers
 from trtspec.bench.metrics import SLO
+from trtspec.bench.results import BenchSummary
 from trtspec.bench.run import BenchOptions, run_bench
 from trtspec.bench.schedule import Load
 from trtspec.bench.tables import print_summary
@@ -43,68 +45,112 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict:
     return out
 
 
-def levels_from(o: dict[str, Any]) -> list[Load]:
-    if o["concurrency"] and o["rate"]:
+@dataclass(frozen=True)
+class BenchArgs:
+    """`trtspec bench`'s flags as click parsed them (click holds the defaults and the help)."""
+
+    target: str
+    baseline: str | None  # --compare
+    protocol: str
+    host: str
+    concurrency: str | None  # comma-separated levels
+    rate: str | None  # comma-separated requests/s; inf
+    arrival: str
+    burstiness: float
+    max_concurrency: int | None
+    num_requests: int | None
+    duration: float | None
+    warmup: int
+    dataset: str  # synthetic, or a prompt file
+    per_category: int | None
+    input_len: int
+    input_std: float
+    output_len: int
+    output_std: float
+    corpus: Path | None
+    max_tokens: int
+    fixed_length: bool
+    temperature: float
+    seed: int
+    tokenizer: str | None
+    extra: tuple[str, ...]  # name=value
+    compare_extra: tuple[str, ...]
+    slo: str | None
+    slo_attainment: float
+    fail_on_slo: bool
+    verify_lossless: bool
+    lossless_samples: int
+    timeout: float
+    grace: float
+    workers: str  # a number or auto
+    server_metrics: str | None
+    compare_server_metrics: str | None
+    out: Path | None
+    as_json: bool
+
+
+def levels_from(args: BenchArgs) -> list[Load]:
+    if args.concurrency and args.rate:
         raise UsageError("--concurrency and --rate are different load models: give one")
     try:
-        if o["rate"]:
-            rates = [math.inf if v.strip() == "inf" else float(v) for v in o["rate"].split(",") if v.strip()]
-            arrival = "gamma" if o["burstiness"] != 1.0 and o["arrival"] == "poisson" else o["arrival"]
-            return [Load(rate=r, max_concurrency=o["max_concurrency"], arrival=arrival, burstiness=o["burstiness"])
+        if args.rate:
+            rates = [math.inf if v.strip() == "inf" else float(v) for v in args.rate.split(",") if v.strip()]
+            arrival = "gamma" if args.burstiness != 1.0 and args.arrival == "poisson" else args.arrival
+            return [Load(rate=r, max_concurrency=args.max_concurrency, arrival=arrival, burstiness=args.burstiness)
                     for r in rates]  # fmt: skip
-        return [Load(concurrency=c) for c in (_numbers(o["concurrency"], int) or [1])]
+        return [Load(concurrency=c) for c in (_numbers(args.concurrency, int) or [1])]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def options_from(target: str, baseline: str | None, protocol: str, host: str, o: dict[str, Any]) -> BenchOptions:
-    a = resolve(target, protocol, host)
-    b = resolve(baseline, protocol, host) if baseline else None
-    if o["verify_lossless"] and b is None:
+def options_from(args: BenchArgs) -> BenchOptions:
+    a = resolve(args.target, args.protocol, args.host)
+    b = resolve(args.baseline, args.protocol, args.host) if args.baseline else None
+    if args.verify_lossless and b is None:
         raise UsageError("--verify-lossless needs --compare BASELINE")
-    if o["num_requests"] and o["duration"]:
+    if args.num_requests and args.duration:
         raise UsageError("--num-requests and --duration both bound a level: give one")
-    tokenizer = o["tokenizer"] or a.tokenizer or (b.tokenizer if b else None)
-    if tokenizer is None and (o["dataset"] == "synthetic" or not o["dataset"]):
+    tokenizer = args.tokenizer or a.tokenizer or (b.tokenizer if b else None)
+    if tokenizer is None and (args.dataset == "synthetic" or not args.dataset):
         raise UsageError("synthetic prompts need --tokenizer (the model's) to be exact in tokens")
-    if o["fail_on_slo"] and not o["slo"]:
+    if args.fail_on_slo and not args.slo:
         raise UsageError("--fail-on-slo needs --slo")
-    if o["dataset"] == "synthetic":
+    if args.dataset == "synthetic":
         tok = load_tokenizer(tokenizer)
         prompts = synthetic(
-            tok, max(o["num_requests"] or 32, 8), LengthSpec(o["input_len"], o["input_std"]),
-            LengthSpec(o["output_len"], o["output_std"]), o["corpus"], o["seed"],
+            tok, max(args.num_requests or 32, 8), LengthSpec(args.input_len, args.input_std),
+            LengthSpec(args.output_len, args.output_std), args.corpus, args.seed,
         )  # fmt: skip
     else:
         if tokenizer is None:
             raise UsageError("counting prompt tokens needs --tokenizer")
         tok = load_tokenizer(tokenizer)
-        prompts = from_file(tok, Path(o["dataset"]), None, per_category=o["per_category"])
-    workers = default_workers() if o["workers"] == "auto" else int(o["workers"]) if o["workers"].isdigit() else 0
+        prompts = from_file(tok, Path(args.dataset), None, per_category=args.per_category)
+    workers = default_workers() if args.workers == "auto" else int(args.workers) if args.workers.isdigit() else 0
     if workers < 1:
-        raise UsageError(f"--workers: expected a positive number or auto, got {o['workers']!r}")
+        raise UsageError(f"--workers: expected a positive number or auto, got {args.workers!r}")
     try:
-        slo = SLO.parse(o["slo"])
+        slo = SLO.parse(args.slo)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     targets = {"A": a.url} | ({"B": b.url} if b else {})
-    metrics = {"A": o["server_metrics"] or a.metrics_url, "B": o["compare_server_metrics"] or (b and b.metrics_url)}
-    extra = {"A": a.extra | _pairs(o["extra"], "--extra")}
+    metrics = {"A": args.server_metrics or a.metrics_url, "B": args.compare_server_metrics or (b and b.metrics_url)}
+    extra = {"A": a.extra | _pairs(args.extra, "--extra")}
     if b:
-        extra["B"] = b.extra | _pairs(o["compare_extra"], "--compare-extra")
-    out = o["out"] or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
+        extra["B"] = b.extra | _pairs(args.compare_extra, "--compare-extra")
+    out = args.out or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
     return BenchOptions(
-        targets=targets, levels=levels_from(o), prompts=prompts, out_dir=out,
-        num_requests=None if o["duration"] else (o["num_requests"] or 32), duration_s=o["duration"],
-        warmup=o["warmup"], max_tokens=o["max_tokens"], fixed_length=o["fixed_length"],
-        temperature=o["temperature"], seed=o["seed"], timeout_s=o["timeout"], grace_s=o["grace"],
-        tokenizer=tokenizer, extra=extra, workers=workers, slo=slo, slo_attainment=o["slo_attainment"],
-        lossless=o["verify_lossless"], lossless_samples=o["lossless_samples"],
+        targets=targets, levels=levels_from(args), prompts=prompts, out_dir=out,
+        num_requests=None if args.duration else (args.num_requests or 32), duration_s=args.duration,
+        warmup=args.warmup, max_tokens=args.max_tokens, fixed_length=args.fixed_length,
+        temperature=args.temperature, seed=args.seed, timeout_s=args.timeout, grace_s=args.grace,
+        tokenizer=tokenizer, extra=extra, workers=workers, slo=slo, slo_attainment=args.slo_attainment,
+        lossless=args.verify_lossless, lossless_samples=args.lossless_samples,
         metrics_urls={k: v for k, v in metrics.items() if v and k in targets},
     )  # fmt: skip
 
 
-def run_with_progress(opts: BenchOptions, console: Console) -> dict:
+def run_with_progress(opts: BenchOptions, console: Console) -> BenchSummary:
     per_level = (opts.num_requests or 0) * len(opts.targets)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
@@ -123,24 +169,23 @@ def run_with_progress(opts: BenchOptions, console: Console) -> dict:
         return run_bench(opts, progress)
 
 
-def bench_command(target: str, baseline: str | None, protocol: str, host: str, o: dict, console: Console) -> int:
-    opts = options_from(target, baseline, protocol, host, o)
+def bench_command(args: BenchArgs, console: Console) -> int:
+    opts = options_from(args)
     if not console.is_terminal:
         console = Console(width=160)  # a log or a pipe: keep every column readable
     summary = run_with_progress(opts, console)
-    if o["as_json"]:
-        print(json.dumps(summary, indent=2, default=str))
+    if args.as_json:
+        print(json.dumps(summary.to_json(), indent=2, default=str))
     else:
         print_summary(summary, console, opts.out_dir)
     code = 0
-    aborted = [lv["aborted"] for lv in summary["levels"] if lv.get("aborted")]
-    if aborted:
-        console.print(f"[red]trtspec: error: {aborted[0]}; results so far kept in {opts.out_dir}[/red]")
+    if summary.aborted:
+        console.print(f"[red]trtspec: error: {summary.aborted}; results so far kept in {opts.out_dir}[/red]")
         code = 1
-    if summary.get("lossless") and not summary["lossless"]["pass"]:
+    if summary.lossless and not summary.lossless["pass"]:
         code = 1
-    if o["fail_on_slo"] and summary["slo_failed"]:
-        for line in summary["slo_failed"]:
+    if args.fail_on_slo and summary.slo_failed:
+        for line in summary.slo_failed:
             console.print(f"[red]SLO missed: {line}[/red]")
         code = 1
     return code

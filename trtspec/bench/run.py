@@ -16,6 +16,7 @@ from trtspec.bench.lossless import verdict
 from trtspec.bench.metrics import SLO, summarize
 from trtspec.bench.records import RecordWriter, RequestRecord
 from trtspec.bench.report import write_reports
+from trtspec.bench.results import BenchSummary, Comparison, LevelSummary, TargetSummary
 from trtspec.bench.schedule import Load, arrival_times
 from trtspec.bench.selfcheck import client_check
 from trtspec.bench.server_metrics import ServerWindow
@@ -75,32 +76,33 @@ def _plan(opts: BenchOptions, label: str, load: Load, phase: str, items: list[It
     return WorkerPlan(**base)
 
 
-def compare_levels(levels: list[dict]) -> list[dict]:
+def compare_levels(levels: list[LevelSummary]) -> list[Comparison]:
     """Speedup of A over B per level, from numbers measured in the same run on the same schedule."""
     rows = []
     for level in levels:
-        a, b = level["targets"].get("A"), level["targets"].get("B")
-        if not a or not b or not a.get("e2e_ms") or not b.get("e2e_ms"):
+        a, b = level.targets.get("A"), level.targets.get("B")
+        if not a or not b or not a.e2e_ms or not b.e2e_ms:
             continue
-        row = {"level": level["level"]}
-        row["latency_speedup"] = b["e2e_ms"]["mean"] / a["e2e_ms"]["mean"]
-        if a.get("tpot_ms") and b.get("tpot_ms"):
-            row["tpot_speedup"] = b["tpot_ms"]["mean"] / a["tpot_ms"]["mean"]
-        row["throughput_ratio"] = a["output_token_throughput"] / b["output_token_throughput"]
-        row["pays"] = row["latency_speedup"] > PAYS_MARGIN
-        rows.append(row)
-    first_loss = next((r["level"] for r in rows if not r["pays"]), None)
-    for r in rows:
-        r["stops_paying_here"] = r["level"] == first_loss
-    return rows
+        latency = b.e2e_ms.mean / a.e2e_ms.mean
+        rows.append(
+            Comparison(
+                level=level.level,
+                latency_speedup=latency,
+                tpot_speedup=b.tpot_ms.mean / a.tpot_ms.mean if a.tpot_ms and b.tpot_ms else None,
+                throughput_ratio=a.output_token_throughput / b.output_token_throughput,
+                pays=latency > PAYS_MARGIN,
+                stops_paying_here=False,
+            )
+        )
+    first_loss = next((i for i, r in enumerate(rows) if not r.pays), None)
+    return [replace(r, stops_paying_here=i == first_loss) for i, r in enumerate(rows)]
 
 
 def _by_category(records: list[RequestRecord]) -> dict[str, dict]:
     out = {}
     for category in sorted({r.category or "all" for r in records}):
-        sub = [r for r in records if (r.category or "all") == category]
-        s = summarize(sub)
-        out[category] = {k: s.get(k) for k in ("completed", "tpot_ms", "acceptance")}
+        s = summarize([r for r in records if (r.category or "all") == category])
+        out[category] = {"completed": s.completed, "tpot_ms": s.tpot_ms, "acceptance": s.acceptance}
     return out
 
 
@@ -141,14 +143,23 @@ def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[Request
     return result
 
 
-def run_bench(opts: BenchOptions, progress: Progress) -> dict:
+def target_summary(records: list[RequestRecord], opts: BenchOptions, server: dict, stats: ClientStats) -> TargetSummary:
+    """One target's measured requests at a level, with the server's counters over the same window."""
+    out = summarize(records, opts.slo)
+    out.by_category = _by_category([r for r in records if r.ok])
+    out.server_metrics = server
+    out.min_tokens_sent = opts.fixed_length and stats.min_tokens_supported
+    return out
+
+
+def run_bench(opts: BenchOptions, progress: Progress) -> BenchSummary:
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     (opts.out_dir / "requests.jsonl").unlink(missing_ok=True)
     writer = RecordWriter(opts.out_dir / "requests.jsonl")
-    summary: dict = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "targets": opts.targets,
-        "options": {
+    summary = BenchSummary(
+        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        targets=opts.targets,
+        options={
             "num_requests": opts.num_requests,
             "duration_s": opts.duration_s,
             "warmup": opts.warmup,
@@ -159,9 +170,7 @@ def run_bench(opts: BenchOptions, progress: Progress) -> dict:
             "prompts": len(opts.prompts),
             "slo_attainment": opts.slo_attainment,
         },
-        "levels": [],
-        "complete": False,
-    }
+    )
     records: list[RequestRecord] = []
 
     def sink(r: RequestRecord) -> None:
@@ -169,7 +178,7 @@ def run_bench(opts: BenchOptions, progress: Progress) -> dict:
         records.append(r)
 
     def flush() -> None:
-        write_reports(opts.out_dir, summary, records)
+        write_reports(opts.out_dir, summary.to_json(), records)
 
     try:
         for label in opts.targets:
@@ -182,7 +191,7 @@ def run_bench(opts: BenchOptions, progress: Progress) -> dict:
                 if not any(r.ok for r in warm):  # nothing works: a wrong target or input, not a load effect
                     raise TrtspecError(f"{opts.targets[label]}: every warm-up request failed: {warm[0].error}")
         for load in opts.levels:
-            level = {"level": load.label, "load": load.__dict__, "targets": {}, "client": {}}
+            level = LevelSummary(load.label, load)
             items = _items(opts, load)
             for label in opts.targets:
                 start = len(records)
@@ -195,34 +204,30 @@ def run_bench(opts: BenchOptions, progress: Progress) -> dict:
                 stats: ClientStats = run_workers(_plan(opts, label, load, "measure", items), opts.workers, report)
                 server = window.close()
                 mine = [r for r in records[start:] if r.phase == "measure"]
-                level["targets"][label] = summarize(mine, opts.slo)
-                level["targets"][label]["by_category"] = _by_category([r for r in mine if r.ok])
-                level["targets"][label]["server_metrics"] = server
-                level["targets"][label]["min_tokens_sent"] = opts.fixed_length and stats.min_tokens_supported
-                level["client"][label] = client_check(stats, opts.workers)
+                level.targets[label] = target_summary(mine, opts, server, stats)
+                level.client[label] = client_check(stats, opts.workers)
                 if stats.aborted:
-                    level["aborted"] = stats.aborted
-            summary["levels"].append(level)
-            summary["comparison"] = compare_levels(summary["levels"])
+                    level.aborted = stats.aborted
+            summary.levels.append(level)
+            summary.comparison = compare_levels(summary.levels)
             flush()
-            if level.get("aborted"):
+            if level.aborted:
                 break
-        if opts.lossless and "B" in opts.targets and not any(lv.get("aborted") for lv in summary["levels"]):
-            summary["lossless"] = run_lossless(opts, progress, sink)
-        summary["complete"] = not any(lv.get("aborted") for lv in summary["levels"])
+        if opts.lossless and "B" in opts.targets and not summary.aborted:
+            summary.lossless = run_lossless(opts, progress, sink)
+        summary.complete = not summary.aborted
     finally:
         writer.close()
-        summary["slo_failed"] = slo_failures(summary, opts)
+        summary.slo_failed = slo_failures(summary, opts)
         flush()
     return summary
 
 
-def slo_failures(summary: dict, opts: BenchOptions) -> list[str]:
+def slo_failures(summary: BenchSummary, opts: BenchOptions) -> list[str]:
     """Levels and targets whose SLO attainment fell short of --slo-attainment (for --fail-on-slo)."""
     out = []
-    for level in summary["levels"]:
-        for label, s in level["targets"].items():
-            slo = s.get("slo")
-            if slo is not None and slo["attainment"] < opts.slo_attainment:
-                out.append(f"{level['level']} {label}: {slo['attainment']:.0%} of requests met the SLO")
+    for level in summary.levels:
+        for label, s in level.targets.items():
+            if s.slo is not None and s.slo.attainment < opts.slo_attainment:
+                out.append(f"{level.level} {label}: {s.slo.attainment:.0%} of requests met the SLO")
     return out

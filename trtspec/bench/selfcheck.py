@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from trtspec.bench.load import ClientStats
+from trtspec.bench.results import ClientCheck
 
 DISPATCH_P99_MS = 5.0
 LOOP_P99_MS = 10.0
 CPU_BUSY = 0.9
 
 
-def client_check(stats: ClientStats, workers: int) -> dict:
+def client_check(stats: ClientStats, workers: int) -> ClientCheck:
     dispatch = np.array(stats.dispatch_lag_s or [0.0]) * 1000
     loop = np.array(stats.loop_lag_s or [0.0]) * 1000
     cpu = stats.cpu_s / (stats.wall_s * workers) if stats.wall_s > 0 else 0.0
@@ -28,13 +29,11 @@ def client_check(stats: ClientStats, workers: int) -> dict:
     if cpu > CPU_BUSY:
         problems.append(f"client CPU {cpu:.0%} of {workers} worker(s)")
     verdict = "ok: the client kept up" if not problems else "client-bound: " + "; ".join(problems) + " (add --workers)"
-    return {
-        "workers": workers,
-        "dispatch_lag_ms": {"p50": float(np.percentile(dispatch, 50)), "p99": float(np.percentile(dispatch, 99)),
-                            "max": float(dispatch.max())},
-        "loop_lag_ms": {"p50": float(np.percentile(loop, 50)), "p99": float(np.percentile(loop, 99)),
-                        "max": float(loop.max())},
-        "cpu_fraction_per_worker": cpu,
-        "ok": not problems,
-        "verdict": verdict,
-    }  # fmt: skip
+    return ClientCheck(
+        workers=workers,
+        dispatch_lag_ms={"p50": float(np.percentile(dispatch, 50)), "p99": float(np.percentile(dispatch, 99)),
+                         "max": float(dispatch.max())},
+        loop_lag_ms={"p50": float(np.percentile(loop, 50)), "p99": float(np.percentile(loop, 99)),
+                     "max": float(loop.max())},
+        cpu_fraction_per_worker=cpu, ok=not problems, verdict=verdict,
+    )  # fmt: skip
