@@ -19,7 +19,7 @@ from trtspec.bench.lossless import chi_square_homogeneity, verdict
 from trtspec.bench.metrics import SLO, acceptance, distribution, summarize
 from trtspec.bench.protocols import Chunk, Contract, Request, Target
 from trtspec.bench.records import RecordWriter, RequestRecord, read_records
-from trtspec.bench.results import Acceptance, BenchSummary, Distribution, LevelSummary, TargetSummary
+from trtspec.bench.results import Acceptance, BenchSummary, ClientCheck, Distribution, LevelSummary, TargetSummary
 from trtspec.bench.run import compare_levels
 from trtspec.bench.schedule import Load, arrival_gaps, arrival_times
 from trtspec.errors import UsageError
@@ -538,3 +538,73 @@ def test_summary_of_a_target_with_nothing_completed_keeps_its_short_shape():
     assert list(to_json(level)) == [*LEVEL_KEYS, "aborted"]
     # before the first level: no comparison yet, and no slo_failed until the run ends
     assert list(BenchSummary("t", {"A": "u"}, {}).to_json()) == ["started", "targets", "options", "levels", "complete"]
+
+
+# ---- the tables fit the terminal ------------------------------------------------------------------
+
+
+def _realistic_summary() -> BenchSummary:
+    """An A/B run over four levels (one open-loop with a cap), with server-side acceptance and the
+    lossless check: A speculates and stops paying at concurrency 64."""
+    levels = []
+    loads = [Load(concurrency=1), Load(concurrency=16), Load(concurrency=64), Load(rate=12.5, max_concurrency=128)]
+    for i, (load, ratio) in enumerate(zip(loads, (0.45, 0.8, 1.15, 1.3), strict=True)):
+        b_ms = 1234.5 * (i + 1) ** 2
+        server_a = {"available": True, "url": "http://gpu-host:8002/metrics", "requests": 64,
+                    "speculated_requests": 64, "steps": 1800, "draft_tokens": 7200, "accepted_tokens": 4464,
+                    "acceptance_rate": 0.62, "tokens_per_step": 3.48}  # fmt: skip
+        server_b = {**server_a, "url": "http://gpu-host:8102/metrics", "speculated_requests": 0, "steps": 4096,
+                    "draft_tokens": 0, "accepted_tokens": 0, "acceptance_rate": None,
+                    "tokens_per_step": None}  # fmt: skip
+        a = measured(b_ms * ratio, 12345.6 / ratio, server_metrics=server_a, min_tokens_sent=True)
+        a.acceptance = Acceptance("server", 0.6234, 2.4812, draft_tokens=7200, accepted_draft_tokens=4488)
+        a.tokens_per_chunk = dist(2.48, 5.0)
+        b = measured(b_ms, 12345.6, server_metrics=server_b, min_tokens_sent=True)
+        b.acceptance = Acceptance("server", draft_tokens=0)
+        a.completed, a.failed = 1022, 2  # four-digit counts and a failure or two
+        check = ClientCheck(1, {"p50": 0.1, "p99": 0.42, "max": 1.3}, {"p50": 0.2, "p99": 0.9, "max": 2.0}, 0.21, True,
+                            "ok: the client kept up")  # fmt: skip
+        levels.append(LevelSummary(load.label, load, {"A": a, "B": b}, {"A": check, "B": check}))
+    lossless = {
+        "pass": True, "greedy": {"prompts": 12, "identical": 12, "mismatched": []},
+        "sampled": {"prompts": 2, "samples_per_side": 200, "p_values": [0.412, 0.733], "chi_square": [3.1, 1.2],
+                    "df": [3, 2], "alpha": 0.01, "bonferroni_bound": 0.005},
+        "inconclusive": [], "temperature": 1.0, "first_tokens": 3,
+    }  # fmt: skip
+    return BenchSummary(
+        "2025-06-01T12:00:00+0000",
+        {"A": "triton-grpc://gpu-host:8001/tensorrt_llm_bls", "B": "triton-grpc://gpu-host:8101/tensorrt_llm"},
+        {}, levels, True, compare_levels(levels), lossless, [],
+    )  # fmt: skip
+
+
+def _render(summary: BenchSummary, width: int) -> str:
+    import io
+
+    from rich.console import Console
+
+    from trtspec.bench.tables import print_summary
+
+    console = Console(file=io.StringIO(), width=width, record=True)
+    print_summary(summary, console, "results/bench-x")
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 100, 150])
+def test_the_tables_cut_nothing_in_a_narrow_terminal(width):
+    text = _render(_realistic_summary(), width)
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= width, text
+    # short headers, explained below the tables; every figure still there
+    assert "TTFT99" in text and "srv t/step" in text and "acc, t/step: acceptance rate" in text
+    assert "12.5/s max 128" in text and "1022/2" in text and "0.62" in text and "3.48" in text
+    assert "NO: stops paying here" in text and "lossless check: PASS" in text
+
+
+def test_a_wide_terminal_gets_one_table_with_the_full_names():
+    text = _render(_realistic_summary(), 200)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 200
+    header = next(line for line in text.splitlines() if "TTFT p99" in line)
+    for name in ("level", "target", "ok/fail", "out tok/s", "TPOT mean", "tok/chunk", "acceptance", "server acc."):
+        assert name in header
+    assert "rate=12.5,max_concurrency=128" in text and "0.62 (3.48 tok/step)" in text

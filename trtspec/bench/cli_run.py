@@ -172,7 +172,7 @@ def run_with_progress(opts: BenchOptions, console: Console) -> BenchSummary:
 def bench_command(args: BenchArgs, console: Console) -> int:
     opts = options_from(args)
     if not console.is_terminal:
-        console = Console(width=160)  # a log or a pipe: keep every column readable
+        console = Console(width=200)  # a log or a pipe: room for the full table (narrower gets the compact one)
     summary = run_with_progress(opts, console)
     if args.as_json:
         print(json.dumps(summary.to_json(), indent=2, default=str))
