@@ -79,7 +79,7 @@ MALFORMED = [
         "draft-tokens-zero",
         _with("speculation.num_draft_tokens", 0),
         "speculation.num_draft_tokens",
-        "must be 1..16, got 0",
+        "must be >= 1 or 'auto', got 0",
     ),
     ("draft-tokens-word", _with("speculation.num_draft_tokens", "many"), "speculation.num_draft_tokens", "'auto'"),
     ("missing-target", _with("target", ...), "target", "required"),
@@ -110,7 +110,22 @@ MALFORMED = [
         "kv-fraction",
         _with("build.kv_cache_free_gpu_mem_fraction", 1.5),
         "build.kv_cache_free_gpu_mem_fraction",
-        "(0, 1]",
+        "must be <= 1, got 1.5",
+    ),
+    (
+        "kv-fraction-zero",
+        _with("build.kv_cache_free_gpu_mem_fraction", 0),
+        "build.kv_cache_free_gpu_mem_fraction",
+        "> 0",
+    ),
+    ("port-range", _with("serve.metrics_port", 70000), "serve.metrics_port", "must be <= 65535, got 70000"),
+    ("batch-size", _with("build.max_batch_size", 0), "build.max_batch_size", "must be >= 1, got 0"),
+    ("gpu-memory", _with("build.gpu_memory_gb", 0.5), "build.gpu_memory_gb", "must be >= 1, got 0.5"),
+    (
+        "alert-for",
+        _with("deploy.monitoring", {"alert_for": "soon"}),
+        "deploy.monitoring.alert_for",
+        "must match ^[1-9][0-9]*[smh]$, got 'soon'",
     ),
     ("engine-streaming-bls", _with("serve.streaming", True), "serve.streaming", "does not stream"),
     (
@@ -121,7 +136,13 @@ MALFORMED = [
     ),
     ("bad-name", _with("name", "My Model"), "name", "DNS-1123"),
     ("same-ports", _with("serve.grpc_port", 8000), "serve.http_port", "must differ"),
-    ("temperature", _with("speculation.sampling", {"temperature": -1}), "speculation.sampling.temperature", "must be"),
+    (
+        "temperature",
+        _with("speculation.sampling", {"temperature": -1}),
+        "speculation.sampling.temperature",
+        "must be >= 0, got -1",
+    ),
+    ("top-p", _with("speculation.sampling", {"top_p": 0}), "speculation.sampling.top_p", "must be > 0, got 0"),
     (
         "torch-with-tp",
         {**GOOD, "build": {"backend": "torch", "tp": 2}, "serve": {"flavour": "llmapi"}},
@@ -171,7 +192,10 @@ def test_error_lists_every_fault_in_one_line(tmp_path):
         load_config(path)
     msg = str(info.value)
     assert "\n" not in msg
-    assert "speculation.num_draft_tokens: must be 1..16, got 99" in msg and "build.tp: must be >= 1, got 0" in msg
+    assert (
+        "speculation.num_draft_tokens: must be <= 16 or 'auto', got 99" in msg
+        and "build.tp: must be >= 1, got 0" in msg
+    )
 
 
 def test_relative_checkpoint_resolves_against_config_dir(tmp_path):

@@ -31,37 +31,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def _range(lo: float, hi: float | None = None):
-    """A bound check whose message reads like the rest of trtspec's errors."""
-
-    def check(value: float) -> float:
-        if value < lo or (hi is not None and value > hi):
-            want = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            raise ValueError(f"must be {want}, got {value}")
-        return value
-
-    return AfterValidator(check)
-
-
-def _open_unit(value: float) -> float:
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"must be in (0, 1], got {value}")
-    return value
-
-
 def _dns_label(value: str) -> str:
     if len(value) > 63 or not _DNS_LABEL.match(value):
         raise ValueError(f"must be a DNS-1123 label (lowercase letters, digits and '-', at most 63), got {value!r}")
-    return value
-
-
-def _draft_tokens(value: int | str) -> int | str:
-    if isinstance(value, str):
-        if value != "auto":
-            raise ValueError(f"must be an integer 1..{MAX_DRAFT_TOKENS} or 'auto', got {value!r}")
-        return value
-    if not 1 <= value <= MAX_DRAFT_TOKENS:
-        raise ValueError(f"must be 1..{MAX_DRAFT_TOKENS}, got {value}")
     return value
 
 
@@ -72,8 +44,9 @@ def _trtllm_version(value: str) -> str:
     return value
 
 
-PositiveInt = Annotated[int, _range(1)]
-Port = Annotated[int, _range(1, 65535)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Fraction = Annotated[float, Field(gt=0.0, le=1.0)]  # (0, 1]
 
 
 class _Section(BaseModel):
@@ -98,22 +71,22 @@ class MTPSection(_Section):
         default=False, description="TensorRT-LLM's relaxed acceptance for thinking: faster, NOT lossless"
     )
     relaxed_topk: PositiveInt = 1
-    relaxed_delta: Annotated[float, _range(0.0, 1.0)] = 0.0
+    relaxed_delta: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class SamplingSection(_Section):
     """Defaults for requests that do not say; temperature 0 means greedy."""
 
-    temperature: Annotated[float, _range(0.0, 100.0)] = 0.0
-    top_k: Annotated[int, _range(0)] = 0
-    top_p: Annotated[float, AfterValidator(_open_unit)] = 1.0
+    temperature: float = Field(default=0.0, ge=0.0, le=100.0)
+    top_k: int = Field(default=0, ge=0)
+    top_p: Fraction = 1.0
     max_tokens: PositiveInt = 128
     seed: int | None = None
 
 
 class SpeculationSection(_Section):
     mode: Mode = "draft-target"
-    num_draft_tokens: Annotated[int | str, AfterValidator(_draft_tokens)] = 4
+    num_draft_tokens: Annotated[int, Field(ge=1, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = 4
     use_draft_logits: bool = Field(
         default=False, description="engine flavour: pass draft logits to the target (needs gathered logits)"
     )
@@ -125,13 +98,13 @@ class BuildSection(_Section):
     tensorrt_llm_version: Annotated[str, AfterValidator(_trtllm_version)] = DEFAULT_TRTLLM_VERSION
     tp: PositiveInt = 1
     pp: PositiveInt = 1
-    max_batch_size: Annotated[int, _range(1, 4096)] = 8
+    max_batch_size: int = Field(default=8, ge=1, le=4096)
     max_input_len: PositiveInt = 1024
     max_seq_len: PositiveInt = 2048
     max_num_tokens: PositiveInt | None = Field(default=None, description="default: TensorRT-LLM's own")
-    kv_cache_free_gpu_mem_fraction: Annotated[float, AfterValidator(_open_unit)] = 0.9
-    gpu_memory_gb: Annotated[float, _range(1.0)] | None = Field(
-        default=None, description="memory per GPU; default: detected at check time"
+    kv_cache_free_gpu_mem_fraction: Fraction = 0.9
+    gpu_memory_gb: float | None = Field(
+        default=None, ge=1.0, description="memory per GPU; default: detected at check time"
     )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="torch backend only")
     output_dir: str = "engines"
@@ -139,7 +112,7 @@ class BuildSection(_Section):
 
 class ServeSection(_Section):
     flavour: Flavour = "llmapi"
-    instances: Annotated[int, _range(1, 64)] = 1
+    instances: int = Field(default=1, ge=1, le=64)
     http_port: Port = 8000
     grpc_port: Port = 8001
     metrics_port: Port = 8002
@@ -173,21 +146,24 @@ class AutoscalingSection(_Section):
     """An HPA on Triton's queue-to-compute ratio (NVIDIA's autoscaling tutorial); needs prometheus-adapter."""
 
     enabled: bool = True
-    min_replicas: Annotated[int, _range(1, 1000)] = 1
-    max_replicas: Annotated[int, _range(1, 1000)] = 4
-    queue_compute_ratio: Annotated[float, _range(0.001)] = Field(
-        default=1.0, description="scale out when time queued per unit of compute time exceeds this"
+    min_replicas: int = Field(default=1, ge=1, le=1000)
+    max_replicas: int = Field(default=4, ge=1, le=1000)
+    queue_compute_ratio: float = Field(
+        default=1.0, ge=0.001, description="scale out when time queued per unit of compute time exceeds this"
     )
 
 
 class MonitoringSection(_Section):
     """Alert thresholds for the PrometheusRule `trtspec deploy` writes."""
 
-    min_acceptance: Annotated[float, _range(0.0, 1.0)] = Field(
-        default=0.5, description="alert when draft acceptance stays below this (below ~0.5 speculation costs more)"
+    min_acceptance: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="alert when draft acceptance stays below this (below ~0.5 speculation costs more)",
     )
-    max_queue_compute_ratio: Annotated[float, _range(0.001)] = Field(
-        default=2.0, description="alert when time queued per unit of compute time stays above this"
+    max_queue_compute_ratio: float = Field(
+        default=2.0, ge=0.001, description="alert when time queued per unit of compute time stays above this"
     )
     alert_for: Annotated[str, Field(pattern=r"^[1-9][0-9]*[smh]$")] = Field(
         default="10m", description="how long a condition must hold before its alert fires"
@@ -196,8 +172,8 @@ class MonitoringSection(_Section):
 
 class DeploySection(_Section):
     image: str | None = Field(default=None, description="default: the Triton TRT-LLM image for the version")
-    gpus_per_node: Annotated[int, _range(1, 64)] = 8
-    replicas: Annotated[int, _range(1, 1000)] = 1
+    gpus_per_node: int = Field(default=8, ge=1, le=64)
+    replicas: int = Field(default=1, ge=1, le=1000)
     namespace: Annotated[str, AfterValidator(_dns_label)] = "trtspec"
     kubernetes_version: Annotated[str, AfterValidator(lambda v: _k8s_version(v))] = "1.30"
     storage: StorageSection = StorageSection()
@@ -373,26 +349,52 @@ _TYPE_WORDS = {
 }
 
 
-_TYPE_TAG = re.compile(r"^(int|str|float|bool|none|function-\\w+\\[.*\\]|literal\\[.*\\])$")
+_BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+
+# Union members and constrained types show up in `loc` as type tags; users know only fields.
+_TYPE_TAG = re.compile(r"^(int|str|float|bool|none|constrained-\w+|function-\w+\[.*\]|literal\[.*\])$")
 
 
-def _describe(err: dict[str, Any]) -> tuple[str, str]:
-    """One pydantic error as (dotted field, message in trtspec's words)."""
-    # Union members and validator wrappers show up in `loc` as type tags; users know only fields.
+def _describe(err: dict[str, Any]) -> tuple[str, str, str]:
+    """One pydantic error as (dotted field, what it must be or the whole message, the value given or "")."""
     loc = [str(p) for p in err["loc"] if not _TYPE_TAG.match(str(p))]
     field = ".".join(loc) or "(top level)"
-    kind, got = err["type"], err.get("input")
+    kind, got, ctx = err["type"], repr(err.get("input")), err.get("ctx") or {}
     if kind == "missing":
-        return field, "required"
+        return field, "required", ""
     if kind == "extra_forbidden":
-        return field, "unknown key"
+        return field, "unknown key", ""
     if kind == "literal_error":
-        return field, f"must be one of {err['ctx']['expected']}, got {got!r}"
+        expected = ctx["expected"]
+        return field, f"must be {'one of ' if ' or ' in expected else ''}{expected}", got
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()))  # {"ge": 1}
+        return field, f"must be {_BOUNDS[kind]} {f'{bound:g}' if isinstance(bound, float) else bound}", got
     if kind in _TYPE_WORDS:
-        return field, f"must be {_TYPE_WORDS[kind]}, got {got!r}"
+        return field, f"must be {_TYPE_WORDS[kind]}", got
+    if kind == "string_pattern_mismatch":
+        return field, f"must match {ctx['pattern']}", got
     if kind == "value_error":
-        return field, str(err["ctx"]["error"])
-    return field, err["msg"]
+        return field, str(ctx["error"]), ""
+    return field, err["msg"], ""
+
+
+def _one_line(errors: list[dict[str, Any]]) -> str:
+    """Each field once, in order; a field that failed every member of a union gets them as alternatives
+    ("must be >= 1 or 'auto', got 0")."""
+    wants: dict[str, list[str]] = {}
+    given: dict[str, str] = {}
+    for field, want, got in map(_describe, errors):
+        wants.setdefault(field, []).append(want)
+        given.setdefault(field, got)
+    parts = []
+    for field, options in wants.items():
+        if len(options) > 1 and all(w.startswith("must be ") for w in options):
+            message = "must be " + " or ".join(w.removeprefix("must be ") for w in options)
+        else:
+            message = options[0]
+        parts.append(f"{field}: {message}" + (f", got {given[field]}" if given[field] else ""))
+    return "; ".join(parts)
 
 
 def load_config(path: str | Path) -> DeploymentConfig:
@@ -424,8 +426,7 @@ def validate_config(data: dict[str, Any], source: Path | None = None) -> Deploym
     try:
         cfg = DeploymentConfig.model_validate(data)
     except ValidationError as exc:
-        described = list(dict(reversed([_describe(e) for e in exc.errors()])).items())[::-1]
-        raise ConfigError(f"{where}: " + "; ".join(f"{f}: {m}" for f, m in described)) from None
+        raise ConfigError(f"{where}: {_one_line(exc.errors())}") from None
     cfg.source = source.resolve() if source else None
     problems = _cross_field_rules(cfg)
     if problems:
