@@ -1,5 +1,6 @@
 """trtspec bench without a server: the arrival process, the metrics on known timestamps, the
-request contract per protocol, exact synthetic lengths, and the client-side lossless test's power."""
+request contract per protocol, exact synthetic lengths and the tables; the lossless check has its own
+file (tests/test_lossless_check.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,12 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from conftest import REPO
 from scipy import stats
-from tiny_models import make_checkpoint
 from transformers import AutoTokenizer
 
 from trtspec.bench.datasets import LengthSpec, count_tokens, synthetic
 from trtspec.bench.load import Item, TokenCounter, WorkerPlan, split
-from trtspec.bench.lossless import chi_square_homogeneity, verdict
 from trtspec.bench.metrics import SLO, acceptance, distribution, summarize
 from trtspec.bench.protocols import Chunk, Contract, Request, Target
 from trtspec.bench.records import RecordWriter, RequestRecord, read_records
@@ -23,6 +21,7 @@ from trtspec.bench.results import Acceptance, BenchSummary, ClientCheck, Distrib
 from trtspec.bench.run import compare_levels
 from trtspec.bench.schedule import Load, arrival_gaps, arrival_times
 from trtspec.errors import UsageError
+from trtspec.prompts import BUILTIN_PROMPTS, load_prompts
 
 TOKENIZER = str(REPO / "trtspec" / "assets" / "tiny-target")
 
@@ -242,70 +241,17 @@ def test_split_shares_the_cap_and_round_robins_items():
 # ---- datasets ---------------------------------------------------------------------------------------
 
 
-def test_synthetic_prompts_are_exact_in_the_models_tokens():
+def test_synthetic_prompts_are_exact_in_the_models_tokens(tmp_path):
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
-    corpus = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
-    prompts = synthetic(tok, 12, LengthSpec(40, 10), LengthSpec(16, 4), corpus if corpus.exists() else None, seed=2)
+    # a corpus of the project's own: the demo's prompts, many times over
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(p.text for p in load_prompts(BUILTIN_PROMPTS)) * 20)
+    prompts = synthetic(tok, 12, LengthSpec(40, 10), LengthSpec(16, 4), corpus, seed=2)
     assert all(count_tokens(tok, p.text) == p.input_tokens for p in prompts)
     assert len({p.input_tokens for p in prompts}) > 3  # the std is honoured
     assert all(p.output_tokens >= 1 for p in prompts)
     random_vocab = synthetic(tok, 4, LengthSpec(25), LengthSpec(8), None, seed=3)
     assert [count_tokens(tok, p.text) for p in random_vocab] == [25] * 4
-
-
-# ---- the client-side lossless test has power -------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from trtspec.speculative.model import load_transformer
-
-    root = tmp_path_factory.mktemp("bench-lossless")
-    target = load_transformer(make_checkpoint(root / "t", vocab=8, layers=2, seed=11))
-    draft = load_transformer(make_checkpoint(root / "d", vocab=8, layers=1, seed=12))
-    return target, draft
-
-
-def _first_tokens(runner, n: int, seed: int) -> list[str]:
-    from trtspec.speculative.runner import GenerationParams
-    from trtspec.speculative.sampling import SamplingParams
-
-    out = runner.generate(
-        [[2, 3, 2, 3, 2]] * n, GenerationParams(max_tokens=3, sampling=SamplingParams(1.0), seed=seed)
-    )
-    return [json.dumps(g.tokens) for g in out]
-
-
-def test_lossless_check_passes_a_correct_sampler_and_fails_a_broken_one(tiny):
-    from test_lossless import verify_resampling_from_p
-
-    from trtspec.speculative.drafters import DraftModelDrafter
-    from trtspec.speculative.runner import SpeculativeRunner
-
-    target, draft = tiny
-    baseline = _first_tokens(SpeculativeRunner(target), 3000, seed=1)
-    good = _first_tokens(SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=2), 3000, seed=2)
-    bad_runner = SpeculativeRunner(
-        target, DraftModelDrafter(draft), num_draft_tokens=2, verify_fn=verify_resampling_from_p
-    )
-    bad = _first_tokens(bad_runner, 3000, seed=3)
-    ok = verdict([("x", "x")], [(good, baseline)])
-    broken = verdict([("x", "x")], [(bad, baseline)])
-    assert ok["pass"], ok
-    assert not broken["pass"] and broken["sampled"]["p_values"][0] < 1e-6, broken
-    assert not verdict([("a", "b")], [(good, baseline)])["pass"]  # one greedy mismatch fails it too
-
-
-def test_lossless_check_is_inconclusive_without_repeated_outcomes():
-    unique_a = [f"a{i}" for i in range(100)]
-    unique_b = [f"b{i}" for i in range(100)]
-    assert chi_square_homogeneity(unique_a, unique_b)[2] is None
-    assert chi_square_homogeneity(["x"] * 5, ["x"] * 5)[2] is None  # too few samples
-    v = verdict([], [(unique_a, unique_b)])
-    assert not v["pass"] and v["inconclusive"] == [0]
-    assert torch.isclose(
-        torch.tensor(chi_square_homogeneity(["x"] * 50 + ["y"] * 50, ["x"] * 50 + ["y"] * 50)[2]), torch.tensor(1.0)
-    )
 
 
 def test_server_metrics_parse_names_as_exposed_and_escaped_labels():
@@ -566,10 +512,12 @@ def _realistic_summary() -> BenchSummary:
                             "ok: the client kept up")  # fmt: skip
         levels.append(LevelSummary(load.label, load, {"A": a, "B": b}, {"A": check, "B": check}))
     lossless = {
-        "pass": True, "greedy": {"prompts": 12, "identical": 12, "mismatched": []},
-        "sampled": {"prompts": 2, "samples_per_side": 200, "p_values": [0.412, 0.733], "chi_square": [3.1, 1.2],
-                    "df": [3, 2], "alpha": 0.01, "bonferroni_bound": 0.005},
-        "inconclusive": [], "temperature": 1.0, "first_tokens": 3,
+        "verdict": "PASS", "pass": True, "greedy": {"prompts": 12, "identical": 12, "mismatched": []},
+        "sampled": {"prompts": 2, "samples_per_side": 600, "p_values": [0.412, 0.733], "chi_square": [3.1, 1.2],
+                    "df": [3, 2], "strata": [1, 1], "alpha": 0.01, "bonferroni_bound": 0.005, "rejected": []},
+        "power": {"target": 0.8, "detectable_w": [0.31, 0.29], "max_detectable_w": None,
+                  "against_planted": {"residual-from-p": 0.97, "bonus-position-skipped": 1.0}, "planted": {}},
+        "inconclusive": [], "temperature": 1.0, "first_tokens": 4,
     }  # fmt: skip
     return BenchSummary(
         "2025-06-01T12:00:00+0000",
@@ -599,6 +547,9 @@ def test_the_tables_cut_nothing_in_a_narrow_terminal(width):
     assert "TTFT99" in text and "srv t/step" in text and "acc, t/step: acceptance rate" in text
     assert "12.5/s max 128" in text and "1022/2" in text and "0.62" in text and "3.48" in text
     assert "NO: stops paying here" in text and "lossless check: PASS" in text
+    assert "power against planted verification bugs (needs 80%): residual-from-p 97%, bonus-position-skipped 100%" in (
+        " ".join(text.split())
+    )
 
 
 def test_a_wide_terminal_gets_one_table_with_the_full_names():

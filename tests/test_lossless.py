@@ -20,9 +20,9 @@ from tiny_models import make_checkpoint
 
 from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
 from trtspec.speculative.model import load_transformer
+from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 from trtspec.speculative.sampling import SamplingParams, probs_from_logits
-from trtspec.speculative.verification import Verified, verify
 
 pytestmark = pytest.mark.slow
 
@@ -94,22 +94,6 @@ def test_speculative_samples_follow_the_target_exactly(models, mode, params):
     assert p > ALPHA, f"{mode}: chi2 {stat:.1f}, p {p:.2e}"
 
 
-def verify_resampling_from_p(draft_tokens, draft_probs, target_probs, generator=None, num_drafts=None):
-    """BROKEN on purpose: after a rejection draws from p instead of norm(max(0, p - q))."""
-    b, k = draft_tokens.shape
-    if k == 0:  # the last step of a request may carry no drafts
-        return verify(draft_tokens, draft_probs, target_probs, generator, num_drafts)
-    p_d = target_probs[:, :k].gather(-1, draft_tokens[..., None])[..., 0]
-    q_d = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
-    u = torch.rand(p_d.shape, generator=generator)
-    accepted = (u * q_d < p_d).cumprod(1).sum(1)
-    nxt = torch.multinomial(target_probs[torch.arange(b), accepted], 1, generator=generator)[:, 0]
-    tokens = torch.full((b, k + 1), -1)
-    tokens[:, :k] = torch.where(torch.arange(k)[None] < accepted[:, None], draft_tokens, tokens[:, :k])
-    tokens[torch.arange(b), accepted] = nxt
-    return Verified(tokens, accepted)
-
-
 class ArgmaxDraftSoftmaxQ(DraftModelDrafter):
     """BROKEN on purpose: drafts the argmax but reports the softmax as q (transformers #32867)."""
 
@@ -118,11 +102,13 @@ class ArgmaxDraftSoftmaxQ(DraftModelDrafter):
         return q.argmax(-1), q
 
 
-def test_broken_residual_sampler_fails_by_a_wide_margin(models):
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_planted_verification_bugs_fail_by_a_wide_margin(models, bug):
+    """The bugs the served lossless check is shown to catch are really wrong, by the exact test."""
     target, draft = models
-    samples, _ = run(target, DraftModelDrafter(draft), T1, verify_fn=verify_resampling_from_p)
+    samples, _ = run(target, DraftModelDrafter(draft), T1, k=2, verify_fn=PLANTED[bug])
     stat, p = chi_square(samples, exact_joint(target, T1))
-    assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
+    assert p < 1e-30, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
 
 
 def test_broken_argmax_draft_with_softmax_q_fails_by_a_wide_margin(models):

@@ -409,8 +409,19 @@ def serve(
 @click.option("--slo", help="Per-request limits in ms, e.g. ttft=200,tpot=50,e2e=2000 (goodput).")
 @click.option("--slo-attainment", type=click.FloatRange(0, 1), default=0.95, help="Fraction that must meet --slo.")
 @click.option("--fail-on-slo", is_flag=True, help="Exit 1 when a level misses --slo-attainment.")
-@click.option("--verify-lossless", is_flag=True, help="Check the target against --compare: greedy + chi-square.")
-@click.option("--lossless-samples", type=click.IntRange(20), default=200, help="Samples per side per prompt.")
+@click.option(
+    "--verify-lossless",
+    is_flag=True,
+    help="Check the target against --compare: greedy, then sampled per prefix.",
+)
+@click.option("--lossless-samples", type=click.IntRange(20), default=1000, help="Samples per side per context.")
+@click.option("--lossless-contexts", type=click.IntRange(1), default=1, help="Contexts the sampled check runs on.")
+@click.option("--lossless-tokens", type=click.IntRange(2, 16), default=4, help="Tokens sampled (K + 2 reach a bonus).")
+@click.option(
+    "--lossless-reference",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The target's trtspec config, loaded in-process: picks contexts and states power against planted bugs.",
+)
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, help="Per request, seconds.")
 @click.option(
     "--grace", type=click.FloatRange(0), default=30.0, help="Seconds in-flight requests get after --duration."
@@ -464,12 +475,12 @@ def deploy(config: Path, kind: str, out: Path, force: bool) -> None:
 @cli.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("trtspec-demo"))
 @click.option("--requests", type=click.IntRange(2), default=8, help="Requests per load level and target.")
-@click.option("--lossless-samples", type=click.IntRange(20), default=150, help="Samples per side per prompt.")
-def demo(out: Path, requests: int, lossless_samples: int) -> None:
+@click.option("--lossless-samples", type=click.IntRange(20), help="Samples per side per context (default: enough).")
+def demo(out: Path, requests: int, lossless_samples: int | None) -> None:
     """Build, serve and A/B-bench the embedded pair (baseline, draft-target, MTP) with the lossless check."""
-    from trtspec.demo import run_demo
+    from trtspec.demo import LOSSLESS, run_demo
 
-    code = run_demo(out, Console(width=max(console.width, 150)), requests, lossless_samples)
+    code = run_demo(out, console, requests, lossless_samples or LOSSLESS["samples"])
     if code:
         sys.exit(code)
 

@@ -80,6 +80,9 @@ class BenchArgs:
     fail_on_slo: bool
     verify_lossless: bool
     lossless_samples: int
+    lossless_contexts: int
+    lossless_tokens: int
+    lossless_reference: Path | None
     timeout: float
     grace: float
     workers: str  # a number or auto
@@ -145,7 +148,9 @@ def options_from(args: BenchArgs) -> BenchOptions:
         warmup=args.warmup, max_tokens=args.max_tokens, fixed_length=args.fixed_length,
         temperature=args.temperature, seed=args.seed, timeout_s=args.timeout, grace_s=args.grace,
         tokenizer=tokenizer, extra=extra, workers=workers, slo=slo, slo_attainment=args.slo_attainment,
-        lossless=args.verify_lossless, lossless_samples=args.lossless_samples,
+        lossless=args.verify_lossless, lossless_samples=args.lossless_samples, lossless_tokens=args.lossless_tokens,
+        lossless_prompts=args.lossless_contexts,
+        lossless_reference=args.lossless_reference,
         metrics_urls={k: v for k, v in metrics.items() if v and k in targets},
     )  # fmt: skip
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trtspec.bench.datasets import BenchPrompt
 from trtspec.bench.load import ClientStats, Item, WorkerPlan, run_workers
-from trtspec.bench.lossless import verdict
+from trtspec.bench.lossless_run import run_lossless
 from trtspec.bench.metrics import SLO, summarize
 from trtspec.bench.records import RecordWriter, RequestRecord
 from trtspec.bench.report import write_reports
@@ -46,10 +46,11 @@ class BenchOptions:
     slo: SLO | None = None
     slo_attainment: float = 0.95
     lossless: bool = False
-    lossless_samples: int = 200
-    lossless_tokens: int = 3
+    lossless_samples: int = 1000
+    lossless_tokens: int = 4  # K + 2 tokens reach the token after a fully accepted step (K = 2)
     lossless_temperature: float = 1.0
-    lossless_prompts: int = 2
+    lossless_prompts: int = 1  # contexts: one well chosen beats several (each costs a Bonferroni share)
+    lossless_reference: Path | None = None  # the speculative deployment's trtspec config, run in-process
     metrics_urls: dict[str, str] = field(default_factory=dict)  # per target label: the server's /metrics
 
 
@@ -104,43 +105,6 @@ def _by_category(records: list[RequestRecord]) -> dict[str, dict]:
         s = summarize([r for r in records if (r.category or "all") == category])
         out[category] = {"completed": s.completed, "tpot_ms": s.tpot_ms, "acceptance": s.acceptance}
     return out
-
-
-def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[RequestRecord], None]) -> dict:
-    """Greedy equality on every prompt, then sampled first tokens compared with chi-square."""
-    greedy: dict[str, dict[int, str]] = {}
-    sampled: dict[str, dict[int, list[str]]] = {}
-    prompts = opts.prompts
-    chosen = list(range(min(opts.lossless_prompts, len(prompts))))
-    for side, label in enumerate(("A", "B")):
-        load = Load(concurrency=2)
-        items = [Item(i, i, p, 0.0) for i, p in enumerate(prompts)]
-        collected: list[RequestRecord] = []
-
-        def keep(r: RequestRecord, out=collected) -> None:
-            out.append(r)
-            sink(r)
-            progress("lossless", r)
-
-        run_workers(_plan(opts, label, load, "lossless-greedy", items, temperature=0.0, duration_s=None), 1, keep)
-        greedy[label] = {r.prompt_index: r.text if r.ok else f"<error: {r.error}>" for r in collected}
-        collected.clear()
-        items = [  # the check's own length, not the dataset's
-            Item(j * opts.lossless_samples + s, j, replace(prompts[j], output_tokens=None), 0.0)
-            for j in chosen
-            for s in range(opts.lossless_samples)
-        ]
-        plan = _plan(
-            opts, label, Load(concurrency=4), "lossless-sampled", items, temperature=opts.lossless_temperature,
-            max_tokens=opts.lossless_tokens, fixed_length=False, duration_s=None, seed=1_000_003 * (side + 1),
-        )  # fmt: skip
-        run_workers(plan, 1, keep)
-        sampled[label] = {j: [r.text for r in collected if r.prompt_index == j and r.ok] for j in chosen}
-    pairs = [(greedy["A"].get(i, "<missing>"), greedy["B"].get(i, "<missing>")) for i in range(len(prompts))]
-    result = verdict(pairs, [(sampled["A"][j], sampled["B"][j]) for j in chosen])
-    result["temperature"] = opts.lossless_temperature
-    result["first_tokens"] = opts.lossless_tokens
-    return result
 
 
 def target_summary(records: list[RequestRecord], opts: BenchOptions, server: dict, stats: ClientStats) -> TargetSummary:

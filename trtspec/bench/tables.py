@@ -138,14 +138,48 @@ def _lossless_line(lossless: dict) -> str:
     g, s = lossless["greedy"], lossless["sampled"]
     p = ", ".join("inconclusive" if v is None else f"{v:.3g}" for v in s["p_values"])
     result = lossless.get("verdict") or ("PASS" if lossless["pass"] else "FAIL")
-    return (
+    line = (
         f"lossless check: {result}: temperature 0 identical on {g['identical']}/{g['prompts']} prompts; temperature"
         f" {lossless['temperature']:g}, first {lossless['first_tokens']} tokens x {s['samples_per_side']} samples"
         f" per side: chi-square p = [{p}] (fail below {s['bonferroni_bound']:.4f})"
     )
+    return line + _power_line(lossless.get("power"))
+
+
+def _power_line(power: dict | None) -> str:
+    """What the check could have seen: its power against the planted bugs, or the shift it detects."""
+    if not power:
+        return ""
+    target = f"{power['target']:.0%}"
+    if power.get("against_planted"):
+        bugs = ", ".join(f"{bug} {p:.0%}" for bug, p in power["against_planted"].items())
+        return f"\n  power against planted verification bugs (needs {target}): {bugs}"
+    widths = ", ".join("-" if w is None else f"{w:.2f}" for w in power["detectable_w"])
+    return (
+        f"\n  detects with {target} probability a shift of Cohen's w >= [{widths}] per context"
+        f" (PASS needs <= {power['max_detectable_w']:g}; --lossless-reference measures power against planted bugs)"
+    )
+
+
+def _acceptance_disagreement(level: LevelSummary) -> list[str]:
+    """Where the server's own counters and the responses' perf outputs give different acceptance."""
+    notes = []
+    for label, target in level.targets.items():
+        server, client = target.server_metrics, target.acceptance
+        if client is None or client.source != "server" or server.get("acceptance_rate") is None:
+            continue
+        if client.acceptance_rate is None or abs(server["acceptance_rate"] - client.acceptance_rate) > 0.005:
+            mine = "-" if client.acceptance_rate is None else f"{client.acceptance_rate:.3f}"
+            notes.append(
+                f"{level.level} {label}: the server counted acceptance {server['acceptance_rate']:.3f} over the"
+                f" level, the responses {mine}: other traffic on the server, or counters that disagree"
+            )
+    return notes
 
 
 def _level_notes(level: LevelSummary, console: Console) -> None:
+    for note in _acceptance_disagreement(level):
+        console.print(f"[yellow]{note}[/yellow]")
     for label, check in level.client.items():
         if not check.ok:
             console.print(f"[yellow]client {level.level} {label}: {check.verdict}[/yellow]")

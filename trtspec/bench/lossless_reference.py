@@ -1,0 +1,113 @@
+"""The deployment's own pair, in-process: where the lossless check spends its samples, and its power.
+
+Loaded from the trtspec config that built the deployment, with the runner the served torch models
+run. Two jobs: rank the prompts by how often the first verification step rejects (a bug in the
+rule shows right after a rejection), and run the check's own test between the plain target and
+each planted verification bug at the served check's sample size.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from trtspec.bench.lossless import conditional_homogeneity, planted_outcome
+from trtspec.speculative.factory import runner_for
+from trtspec.speculative.planted import PLANTED
+from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+from trtspec.speculative.sampling import SamplingParams
+
+RANKING_SAMPLES = 32
+BASELINE_FACTOR = 4  # target samples drawn in-process per served sample: cheap, and they buy power
+EXTENSIONS = (0, 3, 6, 9)  # greedy tokens appended to a prompt to make a candidate context
+
+
+def first_tokens(tokenizer: PreTrainedTokenizerBase, text: str, length: int) -> tuple[int, ...]:
+    """The map both sides' text goes through before the test: the model's own tokenizer."""
+    return tuple(tokenizer(text, add_special_tokens=False).input_ids[:length])
+
+
+@dataclass
+class Reference:
+    tokenizer: PreTrainedTokenizerBase
+    speculative: SpeculativeRunner
+    plain: SpeculativeRunner
+    planted: dict[str, SpeculativeRunner]
+
+    def sample(self, runner: SpeculativeRunner, prompt: str, n: int, length: int, temperature: float, seed: int):
+        """n continuations of `length` tokens, decoded and re-tokenized as the served text is."""
+        ids = self.tokenizer(prompt).input_ids
+        stops = frozenset({self.tokenizer.eos_token_id}) if self.tokenizer.eos_token_id is not None else frozenset()
+        params = GenerationParams(
+            max_tokens=length, sampling=SamplingParams(temperature), stop_token_ids=stops, seed=seed
+        )
+        gens = runner.generate([ids] * n, params)
+        texts = [self.tokenizer.decode(g.tokens, skip_special_tokens=True) for g in gens]
+        return [first_tokens(self.tokenizer, t, length) for t in texts], gens
+
+    def contexts(self, prompts: list[str], extensions: tuple[int, ...] = EXTENSIONS) -> list[str]:
+        """Each prompt, and each followed by the target's greedy continuation of a few lengths."""
+        longest = max(extensions)
+        gens = self.plain.generate(
+            [self.tokenizer(p).input_ids for p in prompts], GenerationParams(max_tokens=longest, seed=0)
+        )
+        out = []
+        for prompt, g in zip(prompts, gens, strict=True):
+            for m in extensions:
+                out.append(prompt + self.tokenizer.decode(g.tokens[:m], skip_special_tokens=True))
+        return list(dict.fromkeys(out))
+
+    def score(self, context: str, length: int, temperature: float) -> float:
+        """Where a bug shows most: the first draft often rejected, after a first token that rarely varies.
+
+        A rule broken after a rejection shifts the second token; the test sees that shift in the
+        prefix its first token starts, so a concentrated first token puts every sample in one prefix."""
+        firsts, gens = self.sample(self.speculative, context, RANKING_SAMPLES, length, temperature, seed=7)
+        drafted = sum(g.stats.drafted_per_position[0] for g in gens if g.stats.drafted_per_position)
+        accepted = sum(g.stats.accepted_per_position[0] for g in gens if g.stats.accepted_per_position)
+        rejection = 1.0 - accepted / drafted if drafted else 0.0
+        modal = Counter(f[:1] for f in firsts).most_common(1)[0][1] / len(firsts)
+        return rejection * modal
+
+    def choose(self, prompts: list[str], count: int, length: int, temperature: float) -> list[str]:
+        scored = sorted(((self.score(c, length, temperature), c) for c in self.contexts(prompts)), reverse=True)
+        return [c for _, c in scored[:count]]
+
+    def baseline(self, contexts: list[str], n: int, length: int, temperature: float) -> list[list[tuple[int, ...]]]:
+        """The target's own samples per context: the check's B side, drawn in-process and batched."""
+        return [self.sample(self.plain, c, n, length, temperature, seed=202 + j)[0] for j, c in enumerate(contexts)]
+
+    def planted_outcomes(
+        self,
+        contexts: list[str],
+        baseline: list[list[tuple[int, ...]]],
+        n: int,
+        length: int,
+        temperature: float,
+        alpha: float,
+    ) -> dict[str, list[dict]]:
+        """Each planted bug against the target's samples, by the served check's test, per context."""
+        out: dict[str, list[dict]] = {bug: [] for bug in self.planted}
+        for j, (context, b) in enumerate(zip(contexts, baseline, strict=True)):
+            for bug, runner in self.planted.items():
+                a, _ = self.sample(runner, context, n, length, temperature, seed=101 + j)
+                out[bug].append(planted_outcome(conditional_homogeneity(a, b), alpha))
+        return out  # fmt: skip
+
+
+def load_reference(config: Path) -> Reference:
+    from trtspec.config import load_config
+
+    cfg = load_config(config)
+    speculative = runner_for(cfg)
+    if speculative.drafter is None:
+        from trtspec.errors import UsageError
+
+        raise UsageError(f"{config}: speculation.mode is none; the lossless reference is the speculative config")
+    plain = runner_for(cfg, mode="none", target=speculative.target)
+    planted = {bug: runner_for(cfg, target=speculative.target, planted=bug) for bug in PLANTED}
+    tokenizer = AutoTokenizer.from_pretrained(str(cfg.checkpoint_path(cfg.target)))
+    return Reference(tokenizer, speculative, plain, planted)
