@@ -69,17 +69,17 @@ def measure(url: str, rate: float, requests: int, tokens: int, out: Path) -> dic
         num_requests=requests, warmup=2, fixed_length=False, tokenizer=None,
     )  # fmt: skip
     summary = run_bench(opts, lambda _n, _r: None)
-    level = summary["levels"][0]
-    a, client = level["targets"]["A"], level["client"]["A"]
+    level = summary.levels[0]
+    a, client = level.targets["A"], level.client["A"]
     chunks = sum(len(r.chunk_times) for r in read_records(out / "requests.jsonl") if r.phase == "measure")
     return {
         "offered_responses_per_s": rate * tokens,
-        "responses_per_s": chunks / a["duration_s"],
-        "completed": a["completed"],
-        "failed": a["failed"],
-        "dispatch_lag_p99_ms": client["dispatch_lag_ms"]["p99"],
-        "loop_lag_p99_ms": client["loop_lag_ms"]["p99"],
-        "client_cpu": client["cpu_fraction_per_worker"],
+        "responses_per_s": chunks / a.duration_s,
+        "completed": a.completed,
+        "failed": a.failed,
+        "dispatch_lag_p99_ms": client.dispatch_lag_ms["p99"],
+        "loop_lag_p99_ms": client.loop_lag_ms["p99"],
+        "client_cpu": client.cpu_fraction_per_worker,
     }
 
 
