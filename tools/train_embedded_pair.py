@@ -18,7 +18,7 @@ Usage (from the repository root)::
     python tools/train_embedded_pair.py --out trtspec/assets
 
 The corpus is ``--corpus PATH``, by default ``$TRTSPEC_DATA/tinyshakespeare.txt`` (Tiny Shakespeare,
-fetched from CORPUS_URL). It is never copied into ``--out``; only the split offset is recorded. The
+see trtspec.data.PUBLIC_SETS). It is never copied into ``--out``; only the split offset is recorded. The
 script lives in ``tools/`` because it is how the shipped weights were made, not something an
 installed trtspec runs.
 """
@@ -52,13 +52,15 @@ from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausa
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
+from trtspec.data import PUBLIC_SETS, data_file
+from trtspec.errors import UsageError
+
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<unk>"]
 BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 VAL_FRACTION = 0.05
 SAMPLE_PROMPTS = ["ROMEO:\n", "First Citizen:\nWe are", "KING HENRY VI:\nO God, "]
 CORPUS_NAME = "tinyshakespeare.txt"
-CORPUS_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SCRIPT = "tools/train_embedded_pair.py"
 CARD_TEMPLATE = Path(__file__).resolve().with_name("model_card.md.tmpl")
 
@@ -889,17 +891,15 @@ def resolve_corpus(given: Path | None) -> Path:
     The corpus is not in the repository (only the weights trained on it are), so a missing file is
     the first thing a re-run meets: one line naming the download beats a traceback.
     """
-    data = os.environ.get("TRTSPEC_DATA")
-    path = given if given is not None else (Path(data) / CORPUS_NAME if data else None)
-    if path is None or not path.is_file():
-        what = f"{path} not found" if path is not None else "no corpus"
-        print(
-            f"{SCRIPT}: {what}: fetch Tiny Shakespeare from {CORPUS_URL} and save it as {CORPUS_NAME} in "
-            "$TRTSPEC_DATA (or pass --corpus PATH)",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
-    return path
+    if given is not None and given.is_file():
+        return given
+    try:
+        if given is not None:
+            raise UsageError(f"{given} not found: save {PUBLIC_SETS[CORPUS_NAME]} as {CORPUS_NAME} in $TRTSPEC_DATA")
+        return data_file(CORPUS_NAME)
+    except UsageError as exc:
+        print(f"{SCRIPT}: {exc} (or pass --corpus PATH)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
