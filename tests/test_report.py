@@ -52,20 +52,22 @@ def _records(label: str, level: str, concurrency: int, rng: np.random.Generator)
 
 
 def _lossless() -> dict:
-    """The lossless check's result, with its power section and a key the report has never seen."""
-    caught = {"df": 9, "caught": True}
+    """The lossless check's result as trtspec.bench.lossless_run writes it, with a key the report has never seen."""
     planted = {
-        "accept-all": [{"statistic": 188.0, "p_value": 1e-30, "power": 1.0, **caught}] * 2,
-        "off-by-one-residual": [{"statistic": 31.0, "p_value": 3e-4, "power": 0.93, **caught}] * 2,
+        "residual-from-p": [{"statistic": 92.4, "df": 31, "p_value": 2e-8, "caught": True, "power": 0.999}],
+        "bonus-position-skipped": [{"statistic": 410.0, "df": 28, "p_value": 1e-70, "caught": True, "power": 1.0}],
     }
     return {
         "verdict": "PASS", "pass": True,
         "greedy": {"prompts": 8, "identical": 8, "mismatched": []},
-        "sampled": {"prompts": 2, "samples_per_side": 200, "p_values": [0.41, 0.77], "chi_square": [9.3, 5.6],
-                    "df": [9, 9], "strata": [4, 4], "alpha": 0.01, "bonferroni_bound": 0.005, "rejected": []},
-        "power": {"target": 0.8, "detectable_w": [0.36, 0.36], "max_detectable_w": None,
-                  "against_planted": {"accept-all": 1.0, "off-by-one-residual": 0.995}, "planted": planted},
-        "inconclusive": [], "temperature": 1.0, "first_tokens": 3, "detectable_shift": 0.36,
+        "sampled": {"prompts": 1, "samples_per_side": 1000, "baseline_samples": 4000, "p_values": [0.41],
+                    "chi_square": [30.1], "df": [29], "strata": [6], "alpha": 0.01, "bonferroni_bound": 0.01,
+                    "rejected": []},
+        "power": {"target": 0.8, "detectable_w": [0.21], "max_detectable_w": None,
+                  "against_planted": {"residual-from-p": 0.999, "bonus-position-skipped": 1.0}, "planted": planted},
+        "inconclusive": [], "temperature": 1.0, "first_tokens": 4,
+        "contexts": ["ROMEO:\nBut soft, what light through yonder window breaks?"],
+        "reference": "configs/tiny-draft-target.yaml", "seen_by_no_report": {"yet": 1},
     }  # fmt: skip
 
 
@@ -236,7 +238,7 @@ def test_report_reads_as_a_report_in_a_browser(browser, tmp_path):
     answer = page.inner_text("#answer")
     assert "Yes, at every level measured (2)" in answer
     assert "8 of 8 prompts gave identical text" in answer
-    assert "Detectable shift" in answer and "planted bug off-by-one-residual" in answer  # power, in words
+    assert "Seen by no report" in answer and "planted bug residual-from-p" in answer  # power, in words
     assert "ok: the client kept up" in answer
     assert page.locator("a[href='summary.json']").count() and page.locator("a[href='summary.csv']").count()
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)

@@ -80,7 +80,9 @@ def words(v) -> str:
         return "—"
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if isinstance(v, int | float):
+    if isinstance(v, int):
+        return f"{v:,}"  # counts in full: 1,000 samples, not 1e+03
+    if isinstance(v, float):
         return num(v)
     if isinstance(v, dict):
         if not v:
@@ -198,7 +200,13 @@ def lossless_section(summary: dict) -> str:
     if s:
         out.append(
             f"<li>Sampled (temperature {words(ll.get('temperature'))}, first {words(ll.get('first_tokens'))} "
-            f"tokens): {words(s.get('prompts'))} prompts, {words(s.get('samples_per_side'))} samples per side, "
+            f"tokens): {words(s.get('prompts'))} prompts, {words(s.get('samples_per_side'))} samples from A"
+            + (
+                f" against {words(s.get('baseline_samples'))} of the target in-process"
+                if ll.get("reference")
+                else " and from B"
+            )
+            + ", "
             f"chi-square test of homogeneity at α = {words(s.get('alpha'))} "
             f"({words(s.get('bonferroni_bound'))} per prompt after Bonferroni)"
             + (f"; rejected at prompts {words(s['rejected'])}" if s.get("rejected") else "")
