@@ -113,7 +113,7 @@ def test_ab_over_grpc_with_the_lossless_check(triton):
         )
         assert c["ok"] == kept_up and c["verdict"].startswith("ok" if kept_up else "client-bound"), c
     records = read_records(out / "requests.jsonl")
-    assert len(records) == 2 * 2 + 2 * 4 * 2 + 12 * 2 + 2 * 60 * 2
+    assert len(records) == 2 * 2 + 2 * 4 * 2 + 12 * 2 + 1 * 60 * 2  # warm-up, levels, greedy, one context
     measured = [r for r in records if r.phase == "measure"]
     assert all(r.ok and r.output_tokens == 24 and r.ttft_s > 0 and r.e2e_s >= r.ttft_s for r in measured)
     text = {(r.target, r.level, r.prompt_index): r.text for r in measured}
@@ -309,4 +309,6 @@ def test_demo_runs_to_the_end(tmp_path):
     assert dt["verdict"] == "PASS" and min(dt["power"]["against_planted"].values()) >= 0.8, dt["power"]
     mtp = verdicts["mtp-vs-baseline"]
     assert mtp["verdict"] == ("PASS" if min(mtp["power"]["against_planted"].values()) >= 0.8 else "inconclusive")
-    assert "lossless check: PASS" in res.stdout and "server acc." in res.stdout
+    # a pipe gets the full table: both modes' server-side acceptance beside the client's, and the verdicts
+    assert "lossless check: PASS" in res.stdout and res.stdout.count("server acc.") == 2
+    assert "power against planted verification bugs" in res.stdout

@@ -478,9 +478,10 @@ def deploy(config: Path, kind: str, out: Path, force: bool) -> None:
 @click.option("--lossless-samples", type=click.IntRange(20), help="Samples per side per context (default: enough).")
 def demo(out: Path, requests: int, lossless_samples: int | None) -> None:
     """Build, serve and A/B-bench the embedded pair (baseline, draft-target, MTP) with the lossless check."""
+    from trtspec.bench.tables import for_output
     from trtspec.demo import LOSSLESS, run_demo
 
-    code = run_demo(out, console, requests, lossless_samples or LOSSLESS["samples"])
+    code = run_demo(out, for_output(console), requests, lossless_samples or LOSSLESS["samples"])
     if code:
         sys.exit(code)
 

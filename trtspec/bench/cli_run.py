@@ -18,7 +18,7 @@ from trtspec.bench.metrics import SLO
 from trtspec.bench.results import BenchSummary
 from trtspec.bench.run import BenchOptions, run_bench
 from trtspec.bench.schedule import Load
-from trtspec.bench.tables import print_summary
+from trtspec.bench.tables import for_output, print_summary
 from trtspec.bench.targets import resolve
 from trtspec.errors import UsageError
 
@@ -176,8 +176,7 @@ def run_with_progress(opts: BenchOptions, console: Console) -> BenchSummary:
 
 def bench_command(args: BenchArgs, console: Console) -> int:
     opts = options_from(args)
-    if not console.is_terminal:
-        console = Console(width=200)  # a log or a pipe: room for the full table (narrower gets the compact one)
+    console = for_output(console)
     summary = run_with_progress(opts, console)
     if args.as_json:
         print(json.dumps(summary.to_json(), indent=2, default=str))

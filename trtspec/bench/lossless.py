@@ -15,9 +15,9 @@ shift it detects with 80% probability (Cohen's w: the root of the summed (pA - p
 cells). When the deployment's checkpoints load in-process, the B side is the target itself, sampled
 there several times over (cheap, and more power per served sample), and the same test is run
 between each planted verification bug and those samples at the served sample size: the power
-against each bug comes from the noncentrality it showed. PASS needs no rejection and that power: 80%
-against every planted bug when they were run, else a detectable w of at most 0.3 (Cohen's "medium").
-Short of it the verdict is "inconclusive".
+against each bug comes from a 95% lower bound of the noncentrality it showed. PASS needs no
+rejection and that power: 80% against every planted bug when they were run, else a detectable w of
+at most 0.3 (Cohen's "medium"). Short of it, or with a failed request, the verdict is "inconclusive".
 """
 
 from __future__ import annotations
@@ -49,11 +49,6 @@ class Homogeneity:
         a, b = self.samples
         return a * b / (a + b) if a + b else 0.0
 
-    @property
-    def noncentrality(self) -> float:
-        """What the data showed beyond chance: E[statistic] = df + noncentrality."""
-        return max(self.statistic - self.df, 0.0)
-
 
 def _contingency(a: Counter, b: Counter) -> tuple[float, int] | None:
     """Pearson's statistic and df for two samples' counts; outcomes expected < 5 are pooled."""
@@ -68,8 +63,12 @@ def _contingency(a: Counter, b: Counter) -> tuple[float, int] | None:
             kept.append((a[key], b[key]))
         else:
             other_a, other_b = other_a + a[key], other_b + b[key]
-    if other_a + other_b and min(na, nb) * (other_a + other_b) / total >= MIN_EXPECTED:
-        kept.append((other_a, other_b))
+    if other_a + other_b:
+        if min(na, nb) * (other_a + other_b) / total >= MIN_EXPECTED or not kept:
+            kept.append((other_a, other_b))
+        else:  # too rare even pooled: into the smallest kept cell, so no sample leaves the test
+            i = min(range(len(kept)), key=lambda j: sum(kept[j]))
+            kept[i] = (kept[i][0] + other_a, kept[i][1] + other_b)
     if len(kept) < 2:
         return None
     stat = 0.0
@@ -135,27 +134,43 @@ def detectable_w(test: Homogeneity, alpha: float, power: float = POWER) -> float
     return (lam / test.effective_samples) ** 0.5
 
 
+def noncentrality_lower_bound(test: Homogeneity, confidence: float = 0.95) -> float:
+    """The smallest noncentrality that makes this statistic unsurprising (one-sided, at `confidence`).
+
+    One run's statistic - df is an unbiased but noisy estimate; fed through the power curve it
+    overstates power (a bug caught half the time reads as >= 80% about one run in five). The
+    lower bound errs the other way: the power claimed is at most what the run supports."""
+    if not test.df or test.statistic <= 0:
+        return 0.0
+    tail = 1.0 - confidence
+    if stats.chi2.sf(test.statistic, test.df) >= tail:
+        return 0.0
+    return optimize.brentq(lambda x: stats.ncx2.sf(test.statistic, test.df, x) - tail, 1e-9, 10 * test.statistic)
+
+
 def planted_outcome(test: Homogeneity, alpha: float) -> dict:
-    """What one in-process run of a planted bug showed at this sample size."""
+    """What one in-process run of a planted bug showed at this sample size, and the power it supports."""
     return {
         "statistic": test.statistic,
         "df": test.df,
         "p_value": test.p_value,
         "caught": test.p_value is not None and test.p_value < alpha,
-        "power": power_at(test.noncentrality, test.df, alpha),
+        "power": power_at(noncentrality_lower_bound(test), test.df, alpha),
     }
 
 
 def verdict(
-    greedy_pairs: list[tuple[str, str]],
+    greedy_pairs: list[tuple[str | None, str | None]],
     tests: list[Homogeneity],
     alpha: float = 0.01,
     planted: dict[str, list[dict]] | None = None,
 ) -> dict:
     """PASS, FAIL or inconclusive, with what each part showed and the power behind it.
 
-    `planted` maps a planted bug to its in-process outcome per prompt (planted_outcome)."""
-    mismatched = [i for i, (x, y) in enumerate(greedy_pairs) if x != y]
+    A greedy pair with None on a side (the request failed) is no evidence either way. `planted` maps a
+    planted bug to its in-process outcome per context (planted_outcome)."""
+    failed = [i for i, pair in enumerate(greedy_pairs) if None in pair]
+    mismatched = [i for i, (x, y) in enumerate(greedy_pairs) if None not in (x, y) and x != y]
     bound = alpha / max(len(tests), 1)
     p_values = [t.p_value for t in tests]
     rejected = [i for i, p in enumerate(p_values) if p is not None and p < bound]
@@ -172,7 +187,7 @@ def verdict(
     powered = min(power.values()) >= POWER if power else all(w is not None and w <= MAX_DETECTABLE_W for w in widths)
     if mismatched or rejected:
         result = "FAIL"
-    elif undecided or not tests or not powered:
+    elif undecided or failed or not tests or not powered:
         result = "inconclusive"
     else:
         result = "PASS"
@@ -181,13 +196,14 @@ def verdict(
         "pass": result == "PASS",
         "greedy": {
             "prompts": len(greedy_pairs),
-            "identical": len(greedy_pairs) - len(mismatched),
+            "identical": len(greedy_pairs) - len(mismatched) - len(failed),
             "mismatched": mismatched,
+            "failed": failed,
         },
         "sampled": {
             "prompts": len(tests),
-            "samples_per_side": tests[0].samples[0] if tests else 0,
-            "baseline_samples": tests[0].samples[1] if tests else 0,
+            "samples_per_side": min((t.samples[0] for t in tests), default=0),
+            "baseline_samples": min((t.samples[1] for t in tests), default=0),
             "p_values": p_values,
             "chi_square": [t.statistic for t in tests],
             "df": [t.df for t in tests],

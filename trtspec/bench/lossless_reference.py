@@ -1,15 +1,17 @@
 """The deployment's own pair, in-process: where the lossless check spends its samples, and its power.
 
 Loaded from the trtspec config that built the deployment, with the runner the served torch models
-run. Two jobs: rank the prompts by how often the first verification step rejects (a bug in the
-rule shows right after a rejection), and run the check's own test between the plain target and
-each planted verification bug at the served check's sample size.
+run and the sampling defaults they apply. Three jobs: rank candidate contexts by where a bug in the
+rule would show, sample the target itself as the check's B side (only where the served target is
+this runner: the torch backend, unquantized; a TensorRT-LLM or quantized engine differs from it in
+ways that are not speculation's), and run each planted verification bug against those samples at
+the served sample size.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -36,14 +38,19 @@ class Reference:
     speculative: SpeculativeRunner
     plain: SpeculativeRunner
     planted: dict[str, SpeculativeRunner]
+    sampling: SamplingParams  # the served defaults (top-k, top-p) the bench's requests leave in place
+    exact: bool  # whether the served target is this very runner: torch backend, unquantized
+
+    @property
+    def stops(self) -> frozenset[int]:
+        eos = self.tokenizer.eos_token_id
+        return frozenset({eos}) if eos is not None else frozenset()
 
     def sample(self, runner: SpeculativeRunner, prompt: str, n: int, length: int, temperature: float, seed: int):
         """n continuations of `length` tokens, decoded and re-tokenized as the served text is."""
         ids = self.tokenizer(prompt).input_ids
-        stops = frozenset({self.tokenizer.eos_token_id}) if self.tokenizer.eos_token_id is not None else frozenset()
-        params = GenerationParams(
-            max_tokens=length, sampling=SamplingParams(temperature), stop_token_ids=stops, seed=seed
-        )
+        sampling = replace(self.sampling, temperature=temperature)
+        params = GenerationParams(max_tokens=length, sampling=sampling, stop_token_ids=self.stops, seed=seed)
         gens = runner.generate([ids] * n, params)
         texts = [self.tokenizer.decode(g.tokens, skip_special_tokens=True) for g in gens]
         return [first_tokens(self.tokenizer, t, length) for t in texts], gens
@@ -51,9 +58,9 @@ class Reference:
     def contexts(self, prompts: list[str], extensions: tuple[int, ...] = EXTENSIONS) -> list[str]:
         """Each prompt, and each followed by the target's greedy continuation of a few lengths."""
         longest = max(extensions)
-        gens = self.plain.generate(
-            [self.tokenizer(p).input_ids for p in prompts], GenerationParams(max_tokens=longest, seed=0)
-        )
+        prompts = [p for p in prompts if self.tokenizer(p).input_ids]
+        params = GenerationParams(max_tokens=longest, stop_token_ids=self.stops, seed=0)
+        gens = self.plain.generate([self.tokenizer(p).input_ids for p in prompts], params)
         out = []
         for prompt, g in zip(prompts, gens, strict=True):
             for m in extensions:
@@ -110,4 +117,6 @@ def load_reference(config: Path) -> Reference:
     plain = runner_for(cfg, mode="none", target=speculative.target)
     planted = {bug: runner_for(cfg, target=speculative.target, planted=bug) for bug in PLANTED}
     tokenizer = AutoTokenizer.from_pretrained(str(cfg.checkpoint_path(cfg.target)))
-    return Reference(tokenizer, speculative, plain, planted)
+    s = cfg.speculation.sampling
+    exact = cfg.build.backend == "torch" and cfg.target.quantization == "none"
+    return Reference(tokenizer, speculative, plain, planted, SamplingParams(s.temperature, s.top_k, s.top_p), exact)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from trtspec.bench.datasets import BenchPrompt, load_tokenizer
 from trtspec.bench.load import Item, run_workers
-from trtspec.bench.lossless import conditional_homogeneity, verdict
+from trtspec.bench.lossless import MIN_SAMPLES, conditional_homogeneity, verdict
 from trtspec.bench.lossless_reference import BASELINE_FACTOR, first_tokens, load_reference
 from trtspec.bench.records import RequestRecord
 from trtspec.bench.schedule import Load
@@ -41,10 +41,9 @@ def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[Request
         contexts = texts[: opts.lossless_prompts]
     chosen = [BenchPrompt(c, "lossless", len(tokenizer(c).input_ids), None) for c in contexts]
     bound = ALPHA / max(len(contexts), 1)
-    planted, baseline = None, None
-    if reference:
+    baseline = None
+    if reference and reference.exact:
         baseline = reference.baseline(contexts, opts.lossless_samples * BASELINE_FACTOR, length, temperature)
-        planted = reference.planted_outcomes(contexts, baseline, opts.lossless_samples, length, temperature, bound)
 
     greedy: dict[str, dict[int, str]] = {}
     sampled: dict[str, dict[int, list[tuple[int, ...]]]] = {}
@@ -59,7 +58,7 @@ def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[Request
         items = [Item(i, i, p, 0.0) for i, p in enumerate(opts.prompts)]
         plan = _plan(opts, label, Load(concurrency=2), "lossless-greedy", items, temperature=0.0, duration_s=None)
         run_workers(plan, 1, keep)
-        greedy[label] = {r.prompt_index: r.text if r.ok else f"<error: {r.error}>" for r in collected}
+        greedy[label] = {r.prompt_index: r.text if r.ok else None for r in collected}
         collected.clear()
         if label == "B" and baseline is not None:
             sampled["B"] = dict(enumerate(baseline))  # the target itself, in-process
@@ -78,8 +77,14 @@ def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[Request
             j: [first_tokens(tokenizer, r.text, length) for r in collected if r.prompt_index == j and r.ok]
             for j in range(len(contexts))
         }
-    pairs = [(greedy["A"].get(i, "<missing>"), greedy["B"].get(i, "<missing>")) for i in range(len(opts.prompts))]
+    pairs = [(greedy["A"].get(i), greedy["B"].get(i)) for i in range(len(opts.prompts))]
     tests = [conditional_homogeneity(sampled["A"][j], sampled["B"][j]) for j in range(len(contexts))]
+    planted = None
+    if reference:  # at the sample size the served side actually delivered
+        base = baseline or [sampled["B"][j] for j in range(len(contexts))]
+        served = min((len(sampled["A"][j]) for j in range(len(contexts))), default=0)
+        if served >= MIN_SAMPLES:
+            planted = reference.planted_outcomes(contexts, base, served, length, temperature, bound)
     result = verdict(pairs, tests, ALPHA, planted)
     result["temperature"] = temperature
     result["first_tokens"] = length

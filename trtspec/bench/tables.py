@@ -190,6 +190,11 @@ def _level_notes(level: LevelSummary, console: Console) -> None:
         console.print(f"[red]{level.level}: stopped: {level.aborted}[/red]")
 
 
+def for_output(console: Console) -> Console:
+    """A log or a pipe gets room for the full table; a terminal keeps its width (narrower: compact)."""
+    return console if console.is_terminal else Console(width=200)
+
+
 def print_summary(summary: BenchSummary, console: Console, out_dir) -> None:
     for label, url in summary.targets.items():
         console.print(f"{label}: {url}")
