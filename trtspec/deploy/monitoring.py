@@ -210,7 +210,7 @@ def dashboard(cfg: DeploymentConfig) -> dict[str, Any]:
             _note(
                 "Speculative decoding",
                 "NVIDIA's TensorRT-LLM models export no speculative-decoding metric family: acceptance comes back"
-                " per request only (`return_perf_metrics`). `trtspec bench` aggregates it; see the README.",
+                " per request only (`return_perf_metrics`). `trtspec bench` aggregates it; see docs/monitoring.md.",
                 0,
                 0,
             ),

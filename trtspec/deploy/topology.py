@@ -16,7 +16,7 @@ from trtspec.versions import container_tag
 # Inside every container trtspec starts: the config, and the volume holding engines and repository.
 CONFIG_PATH = PurePosixPath("/etc/trtspec/trtspec.yaml")
 WORKSPACE = PurePosixPath("/workspace")
-IMAGE_REPOSITORY = "trtspec"  # what docker/README.md and the compose file tag the builds as
+IMAGE_REPOSITORY = "trtspec"  # what docs/deploying.md and the compose file tag the builds as
 
 
 @dataclass(frozen=True)
