@@ -559,3 +559,13 @@ def test_a_wide_terminal_gets_one_table_with_the_full_names():
     for name in ("level", "target", "ok/fail", "out tok/s", "TPOT mean", "tok/chunk", "acceptance", "server acc."):
         assert name in header
     assert "rate=12.5,max_concurrency=128" in text and "0.62 (3.48 tok/step)" in text
+
+
+def test_the_tables_say_where_server_and_responses_disagree_on_acceptance():
+    summary = _realistic_summary()
+    assert "disagree" not in _render(summary, 200)  # 0.620 against 0.623: the same drafts, rounded
+    first = summary.levels[0].targets["A"]
+    first.server_metrics = {**first.server_metrics, "acceptance_rate": 0.70}
+    text = " ".join(_render(summary, 200).split())
+    assert "concurrency=1 A: the server counted acceptance 0.700 over the level, the responses 0.623" in text
+    assert text.count("counters that disagree") == 1
