@@ -67,7 +67,8 @@ def _lossless() -> dict:
                   "against_planted": {"residual-from-p": 0.999, "bonus-position-skipped": 1.0}, "planted": planted},
         "inconclusive": [], "temperature": 1.0, "first_tokens": 4,
         "contexts": ["ROMEO:\nBut soft, what light through yonder window breaks?"],
-        "reference": "configs/tiny-draft-target.yaml", "seen_by_no_report": {"yet": 1},
+        "reference": "configs/tiny-draft-target.yaml", "baseline": "target in-process",
+        "seen_by_no_report": {"yet": 1},
     }  # fmt: skip
 
 
@@ -239,6 +240,7 @@ def test_report_reads_as_a_report_in_a_browser(browser, tmp_path):
     assert "Yes, at every level measured (2)" in answer
     assert "8 of 8 prompts gave identical text" in answer
     assert "Seen by no report" in answer and "planted bug residual-from-p" in answer  # power, in words
+    assert "1,000 samples from A against 4,000 of the target in-process" in answer
     assert "ok: the client kept up" in answer
     assert page.locator("a[href='summary.json']").count() and page.locator("a[href='summary.csv']").count()
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)

@@ -90,4 +90,5 @@ def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[Request
     result["first_tokens"] = length
     result["contexts"] = contexts
     result["reference"] = str(opts.lossless_reference) if opts.lossless_reference else None
+    result["baseline"] = "target in-process" if baseline is not None else "served baseline"
     return result

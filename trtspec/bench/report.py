@@ -203,7 +203,7 @@ def lossless_section(summary: dict) -> str:
             f"tokens): {words(s.get('prompts'))} prompts, {words(s.get('samples_per_side'))} samples from A"
             + (
                 f" against {words(s.get('baseline_samples'))} of the target in-process"
-                if ll.get("reference")
+                if ll.get("baseline") == "target in-process"
                 else " and from B"
             )
             + ", "
