@@ -98,7 +98,7 @@ class ArgmaxDraftSoftmaxQ(DraftModelDrafter):
     """BROKEN on purpose: drafts the argmax but reports the softmax as q (transformers #32867)."""
 
     def draw(self, logits, state):
-        q = probs_from_logits(logits, state.params)
+        q = state.sampling.probs(logits)
         return q.argmax(-1), q
 
 

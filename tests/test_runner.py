@@ -99,8 +99,8 @@ def test_mtp_drafts_equal_a_from_scratch_chain(pair):
     seen = []
     original = drafter.propose
 
-    def spy(state, k):
-        proposal = original(state, k)
+    def spy(state, k, slots):
+        proposal = original(state, k, slots)
         seen.append((state.tokens[0, : int(state.lengths[0])].clone(), proposal.tokens[0].clone()))
         return proposal
 

@@ -286,21 +286,23 @@ def test_metrics_port_counts_equal_the_sums_of_per_request_outputs(servers, key)
     accepted = sum(a["total_accepted_draft_tokens"] for a in answers)
     assert (delta.draft_tokens, delta.accepted_tokens) == (drafted, accepted)
     assert delta.requests == len(lengths)  # the BLS's calls into tensorrt_llm are not counted again
-    assert delta.speculated_requests == (len(lengths) if served.mode != "none" else 0)
+    # the adaptive policy may decide a whole request is cheaper without drafts: count the ones that drafted
+    assert delta.speculated_requests == sum(a["total_draft_tokens"] > 0 for a in answers)
+    assert (delta.speculated_requests > 0) == (served.mode != "none")
     now, then = (histogram(x, spec_metrics.ACCEPTED_LENGTH) for x in (after, before))
     assert (now[0] - then[0], now[1] - then[1]) == (delta.steps, accepted)
     for name in (spec_metrics.DRAFT_SECONDS, spec_metrics.VERIFY_SECONDS):
         assert histogram(after, name)[0] - histogram(before, name)[0] == delta.steps
     assert histogram(after, spec_metrics.TTFT_SECONDS)[0] - histogram(before, spec_metrics.TTFT_SECONDS)[0] == 5
     if served.mode != "none":
-        # every step drafts at most K and at least one, and no request is done in fewer steps than tokens / (K+1)
-        assert drafted / served.k <= delta.steps <= drafted
-        assert delta.steps >= sum(n - 1 for n in lengths) / (served.k + 1)
+        # every counted step drafts at most K and at least one, and emits at least one token after the first
+        assert drafted / served.k <= delta.steps <= min(drafted, sum(n - 1 for n in lengths))
         assert delta.acceptance_rate == pytest.approx(accepted / drafted)
     kv = {s: total(after, spec_metrics.KV_POSITIONS, model="tensorrt_llm", state=s) for s in ("used", "capacity")}
     max_len = yaml.safe_load(served.config.read_text())["build"]["max_seq_len"]
-    if served.flavour == "llmapi":  # one instance: its max_seq_len; the reservation is given back after each request
-        assert kv == {"used": 0, "capacity": max_len}
+    if served.flavour == "llmapi":  # one instance of max_batch_size slots; positions given back as requests end
+        slots = yaml.safe_load(served.config.read_text())["build"]["max_batch_size"]
+        assert kv == {"used": 0, "capacity": slots * max_len}
     elif served.mode == "mtp":  # MTP generates in the runner's own cache, given back after each request
         assert kv["capacity"] % max_len == 0 and kv["used"] == 0
     else:  # the reuse slots keep the last sequence (its prompt and output) until another needs the slot

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.errors import ConfigError
-from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS
+from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS, minor
 
 MAX_DRAFT_TOKENS = 16
 Mode = Literal["draft-target", "mtp", "none"]
@@ -90,7 +90,22 @@ class SpeculationSection(_Section):
     use_draft_logits: bool = Field(
         default=False, description="engine flavour: pass draft logits to the target (needs gathered logits)"
     )
+    policy: Literal["auto", "fixed", "adaptive"] = Field(
+        default="auto",
+        description="drafts per step: fixed K, or adaptive (K per running batch from measured acceptance and step"
+        " costs; torch backend only); auto is adaptive on the torch backend, fixed on TensorRT-LLM",
+    )
+    max_concurrency: PositiveInt | None = Field(
+        default=None,
+        description="no speculation above this many running requests (TensorRT-LLM 1.2+ pytorch backend, and torch)",
+    )
     sampling: SamplingSection = SamplingSection()
+
+    def resolved_policy(self, backend: str) -> str:
+        """fixed or adaptive: what `auto` means on `backend`."""
+        if self.policy != "auto":
+            return self.policy
+        return "adaptive" if backend == "torch" and self.mode != "none" else "fixed"
 
 
 class BuildSection(_Section):
@@ -282,6 +297,18 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
                 " or use flavour llmapi",
             )
         )
+    if cfg.speculation.policy == "adaptive" and backend != "torch":
+        errors.append(
+            (
+                "speculation.policy",
+                "adaptive is trtspec's torch backend; TensorRT-LLM's K is fixed at build time (use max_concurrency"
+                " on the pytorch backend to turn speculation off under load)",
+            )
+        )
+    if cfg.speculation.max_concurrency is not None and backend == "tensorrt":
+        errors.append(("speculation.max_concurrency", "TensorRT-LLM honours it on the pytorch backend only"))
+    if cfg.speculation.max_concurrency is not None and backend == "pytorch" and minor(b.tensorrt_llm_version) < "1.2":
+        errors.append(("speculation.max_concurrency", f"needs TensorRT-LLM 1.2+, got {b.tensorrt_llm_version}"))
     if cfg.speculation.use_draft_logits and not (flavour == "engine" and mode == "draft-target"):
         errors.append(("speculation.use_draft_logits", "only applies to flavour engine with mode draft-target"))
     if backend in ("tensorrt", "pytorch") and cfg.serve.instances > 1:

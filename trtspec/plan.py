@@ -26,6 +26,7 @@ from trtspec.errors import UsageError
 from trtspec.prompts import Prompt
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
 from trtspec.speculative.factory import load_runner
+from trtspec.speculative.policy import batch_sizes
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 from trtspec.speculative.sampling import SamplingParams
 
@@ -38,14 +39,6 @@ GPUS = {
 }
 PROBE_K = 8
 CALIBRATION_PROMPTS = 3  # prompts timed at each K on this machine
-
-
-def batch_sizes(max_batch: int) -> list[int]:
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
-    return [*sizes, max_batch]
 
 
 @dataclass

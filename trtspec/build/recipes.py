@@ -225,6 +225,8 @@ def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_di
                 relaxed_delta=cfg.mtp.relaxed_delta,
             )
         options["speculative_config"] = spec
+    if "speculative_config" in options and cfg.speculation.max_concurrency is not None:
+        options["speculative_config"]["max_concurrency"] = cfg.speculation.max_concurrency  # 1.2+, pytorch backend
     if deepseek_family(cfg):  # the baseline of an A/B gets the same serving recipe as MTP
         options.update(deepseek_serving_options(cfg))
     return options

@@ -73,7 +73,12 @@ def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
         spec.pop("speculative_model_dir", None)
         if draft:
             spec["speculative_model"] = draft
-    options["trtspec"] = {"device": cfg.build.device, "dtype": cfg.target.dtype, "sampling": _sampling(cfg)}
+    options["trtspec"] = {
+        "device": cfg.build.device,
+        "dtype": cfg.target.dtype,
+        "sampling": _sampling(cfg),
+        "policy": cfg.speculation.resolved_policy(cfg.build.backend),
+    }
     return llmapi.model_yaml({"model": options.pop("model"), **options}, decoupled=cfg.serve.streaming)
 
 

@@ -15,6 +15,19 @@ class RequestError(ValueError):
     """A bad request: answered with an error response, never raised out of execute()."""
 
 
+def error_response(model: object, exc: Exception):
+    """A RequestError in its own words; anything else (a bug) logged in full and answered in one line."""
+    import triton_python_backend_utils as pb_utils
+
+    if isinstance(exc, RequestError):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+    import traceback
+
+    pb_utils.Logger.log_error("".join(traceback.format_exception(exc)))
+    message = f"internal error in {type(model).__name__}: {type(exc).__name__} (see the server log)"
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
 class PythonModel:
     """execute() for models that answer each request with one response or, decoupled, a stream."""
 
@@ -28,14 +41,8 @@ class PythonModel:
             sender = request.get_response_sender() if self.decoupled else None
             try:
                 final = self.answer(request, sender)
-            except RequestError as exc:
-                final = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-            except Exception as exc:  # a bug, not the client's: logged in full, answered in one line
-                import traceback
-
-                pb_utils.Logger.log_error(traceback.format_exc())
-                message = f"internal error in {type(self).__name__}: {type(exc).__name__} (see the server log)"
-                final = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+            except Exception as exc:
+                final = error_response(self, exc)
             if sender is not None:
                 sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
@@ -43,6 +50,26 @@ class PythonModel:
         return None if self.decoupled else responses
 
     def answer(self, request, sender):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class BatchedPythonModel:
+    """execute() for models whose requests join a running batch (engine_loop): execute() only checks
+    and submits each request, and every answer, a refusal included, goes through its response
+    sender, which the python backend allows from any thread, decoupled or not."""
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self.submit(request, sender)
+            except Exception as exc:
+                sender.send(error_response(self, exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def submit(self, request, sender) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import UsageError
+from trtspec.speculative.batch import BatchEngine
 from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
 from trtspec.speculative.runner import SpeculativeRunner
 
@@ -41,3 +42,28 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
     defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 64, "seed": None}
     defaults.update(local.get("sampling", {}))
     return runner, defaults
+
+
+def engine_from_model_yaml(
+    options: dict[str, Any], engines_dir: Path | None = None
+) -> tuple[BatchEngine, dict[str, Any]]:
+    """The in-flight batching engine the LLM API options describe: max_batch_size slots of max_seq_len
+    positions, max_num_tokens per step, and the K policy (trtspec.policy, speculative_config.max_concurrency)."""
+    from trtspec.speculative.policy import policy_for
+
+    runner, defaults = runner_from_model_yaml(options)
+    spec = options.get("speculative_config") or {}
+    policy = policy_for(
+        options.get("trtspec", {}).get("policy", "fixed"),
+        runner.num_draft_tokens,
+        spec.get("max_concurrency"),
+        plan=Path(options["model"]).parent / "plan.json",
+    )
+    engine = runner.engine(
+        slots=int(options.get("max_batch_size") or 8),
+        capacity=int(options.get("max_seq_len") or runner.max_len),
+        max_num_tokens=options.get("max_num_tokens"),
+        policy=policy,
+    )
+    policy.prepare(engine)
+    return engine, defaults

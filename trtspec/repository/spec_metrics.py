@@ -13,10 +13,12 @@ acceptance rate = accepted / draft tokens and tokens per step = 1 + accepted / s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the deploy side reads the names here without importing torch
+    from trtspec.speculative.batch import BatchEngine
     from trtspec.speculative.runner import Step
 
 PREFIX = "trtspec_spec_decode_"
@@ -30,6 +32,10 @@ VERIFY_SECONDS = PREFIX + "verify_seconds"
 TTFT_SECONDS = "trtspec_time_to_first_token_seconds"
 ITL_SECONDS = "trtspec_inter_token_latency_seconds"
 KV_POSITIONS = "trtspec_kv_cache_positions"
+RUNNING = "trtspec_batch_running_requests"
+DRAFT_LEN = PREFIX + "draft_len"
+GAUGES = (RUNNING, DRAFT_LEN)
+GAUGE_EVERY_S = 0.25  # the batch gauges follow the running batch at most this often (each write is an IPC call)
 COUNTERS = (REQUESTS, STEPS, DRAFT_TOKENS, ACCEPTED_TOKENS)
 HISTOGRAMS = (ACCEPTED_LENGTH, DRAFT_SECONDS, VERIFY_SECONDS, TTFT_SECONDS, ITL_SECONDS)
 SECONDS_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
@@ -45,6 +51,8 @@ DESCRIPTIONS = {
     TTFT_SECONDS: "From the model receiving a request to its first token (Triton's queue time not included)",
     ITL_SECONDS: "Mean time between output tokens after the first, per request",
     KV_POSITIONS: "Target KV-cache positions held (state=used), and the most the model's instances hold (capacity)",
+    RUNNING: "Requests in the running batch (waiting=queued for a slot)",
+    DRAFT_LEN: "Drafts per row in the latest step, as the speculation policy chose it for the running batch",
 }
 
 
@@ -60,7 +68,8 @@ class SpecMetrics:
         self._families |= {
             name: kind(name=name, description=DESCRIPTIONS[name], kind=kind.HISTOGRAM) for name in HISTOGRAMS
         }
-        self._families[KV_POSITIONS] = kind(name=KV_POSITIONS, description=DESCRIPTIONS[KV_POSITIONS], kind=kind.GAUGE)
+        for name in (KV_POSITIONS, *GAUGES):
+            self._families[name] = kind(name=name, description=DESCRIPTIONS[name], kind=kind.GAUGE)
         f = self._families
         self.requests = {
             flag: f[REQUESTS].Metric(labels={**labels, "speculative": str(flag).lower()}) for flag in (True, False)
@@ -76,6 +85,8 @@ class SpecMetrics:
         self.kv: dict = {}  # made on first use: a model with no KV cache of its own (the BLS) shows none
         self._kv_mine = {"used": 0, "capacity": 0}  # this instance's share of the model-wide gauges
         self._failed = False
+        self._gauges: dict = {}
+        self._gauged_at = 0.0
 
     def _guard(self, action) -> None:
         """A metric that cannot be written is logged once; it never fails the request it describes."""
@@ -101,6 +112,30 @@ class SpecMetrics:
                     self._kv_mine[state] = value
 
         self._guard(update)
+
+    def batch(self, engine: BatchEngine) -> None:
+        """After an engine step: running and waiting requests, the K chosen, KV positions held."""
+        now = time.monotonic()
+        idle = not engine.has_work()  # the last step before idling is always shown: gauges never stick
+        if now - self._gauged_at < GAUGE_EVERY_S and not idle:
+            return
+        self._gauged_at = now
+
+        def update() -> None:
+            if not self._gauges:
+                f = self._families
+                self._gauges = {
+                    "running": f[RUNNING].Metric(labels={**self._labels, "state": "running"}),
+                    "waiting": f[RUNNING].Metric(labels={**self._labels, "state": "waiting"}),
+                    "k": f[DRAFT_LEN].Metric(labels=self._labels),
+                }
+            self._gauges["running"].set(engine.running)
+            self._gauges["waiting"].set(len(engine.waiting))
+            self._gauges["k"].set(engine.last_k)
+
+        self._guard(update)
+        used = sum(int(engine.state.lengths[s.slot]) for s in engine.rows if s is not None)
+        self.kv_cache(used, len(engine.rows) * engine.capacity)
 
     def record(self, steps: Iterable[Step], first_token_s: float, output_tokens: int, decode_s: float) -> None:
         """One finished request; steps without drafts (plain decoding, the last token) count only the request.
@@ -132,4 +167,5 @@ class SpecMetrics:
         self.requests = self.steps = self.drafted = self.accepted = None
         self.accepted_length = self.draft_seconds = self.verify_seconds = self.ttft = self.itl = None
         self.kv = {}
+        self._gauges = {}
         self._families = {}

@@ -3,8 +3,9 @@
 The repository's 1/model.py is one line that imports this class, so the logic is versioned with the
 package. It reads 1/model.yaml as NVIDIA's llmapi model does (`model`, `speculative_config`,
 `triton_config`), honours the same inputs, and answers with the same outputs, including the
-return_perf_metrics ones. Requests run one at a time per instance; a bad request gets an error
-response and the instance stays up for the next one.
+return_perf_metrics ones. Requests join the instance's running batch between steps
+(`engine_loop`), as TensorRT-LLM's in-flight batcher schedules them; a bad request gets an error
+response and the others are not disturbed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from trtspec.repository.pb import PythonModel, RequestError, decoded, first_refused, scalar, string_tensor, utf8
+from trtspec.repository.pb import (
+    BatchedPythonModel,
+    RequestError,
+    decoded,
+    first_refused,
+    scalar,
+    string_tensor,
+    utf8,
+)
 
 # What this model does with each input NVIDIA's llmapi model declares; any other given input is refused.
 HONOURED = frozenset(
@@ -55,23 +64,26 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, str | None]:
     return text[:at], word
 
 
-class TorchLLMAPIModel(PythonModel):
+class TorchLLMAPIModel(BatchedPythonModel):
     def initialize(self, args: dict[str, str]) -> None:
+        import triton_python_backend_utils as pb_utils
         from transformers import AutoTokenizer
 
-        from trtspec.repository.serving import decoding_mode, runner_from_model_yaml
+        from trtspec.repository.engine_loop import EngineLoop
+        from trtspec.repository.serving import decoding_mode, engine_from_model_yaml
         from trtspec.repository.spec_metrics import SpecMetrics
 
         here = Path(args["model_repository"]) / args["model_version"]
         self.options = yaml.safe_load((here / "model.yaml").read_text(encoding="utf-8"))
         self.decoupled = bool(self.options.get("triton_config", {}).get("decoupled", False))
-        self.runner, self.defaults = runner_from_model_yaml(self.options)
+        self.engine, self.defaults = engine_from_model_yaml(self.options, engines_dir=here)
         self.tokenizer = AutoTokenizer.from_pretrained(self.options["model"])
-        self.max_seq_len = int(self.options.get("max_seq_len") or self.runner.max_len)
+        self.max_seq_len = self.engine.capacity
         mode = decoding_mode(self.options)
-        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.runner.num_draft_tokens)
-        self.metrics.kv_cache(0, self.max_seq_len)
+        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
+        self.metrics.kv_cache(0, len(self.engine.rows) * self.engine.capacity)
         self.declared = [t["name"] for t in json.loads(args["model_config"]).get("input", [])]
+        self.loop = EngineLoop(self.engine, on_step=self.metrics.batch, log_error=pb_utils.Logger.log_error)
 
     def _params(self, request):
         from trtspec.speculative.runner import GenerationParams
@@ -95,8 +107,10 @@ class TorchLLMAPIModel(PythonModel):
             seed=None if seed is None else int(seed),
         )
 
-    def answer(self, request, sender):
+    def submit(self, request, sender) -> None:
         import triton_python_backend_utils as pb_utils
+
+        from trtspec.speculative.batch import Sequence
 
         arrival = time.time_ns()
         refused = first_refused(request, self.declared, HONOURED, NEUTRAL)
@@ -109,23 +123,23 @@ class TorchLLMAPIModel(PythonModel):
         hold = max((len(s) for s in stops), default=1) - 1  # streamed text that may still begin a stop string
         params = self._params(request)
         ids = self.tokenizer(prompt).input_ids
-        reserved = len(ids) + params.max_tokens + self.runner.num_draft_tokens + 2  # the runner's cache for it
-        if reserved > self.max_seq_len:
+        if self.engine.positions_needed(len(ids), params) > self.max_seq_len:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) + sampling_param_max_tokens ({params.max_tokens}) exceed "
                 f"max_seq_len {self.max_seq_len}"
             )
         streaming = bool(scalar(request, "streaming", False))
-        if streaming and sender is None:
+        if streaming and not self.decoupled:
             raise RequestError("Streaming is only supported in decoupled mode.")
         exclude_input = bool(scalar(request, "sampling_param_exclude_input_from_output", True))
         perf = bool(scalar(request, "sampling_param_return_perf_metrics", False))
         want_reason = bool(scalar(request, "return_finish_reason", False))
+        want_stop_reason = bool(scalar(request, "return_stop_reason", False))
         tokens: list[int] = []
         sent = [0, 0]  # characters of text already streamed, time of first token
         stopped: list[str | None] = [None]
 
-        def on_tokens(_row: int, new: list[int]) -> bool:
+        def on_tokens(new: list[int]) -> bool:
             if not sent[1]:
                 sent[1] = time.time_ns()
             tokens.extend(new)
@@ -137,37 +151,44 @@ class TorchLLMAPIModel(PythonModel):
                     sent[0] = safe
             return stopped[0] is not None
 
-        scheduled = time.time_ns()
-        self.metrics.kv_cache(reserved, self.max_seq_len)
-        try:
-            generation = self.runner.generate([ids], params, on_tokens=on_tokens)[0]
-        finally:
-            self.metrics.kv_cache(0, self.max_seq_len)
-        last = time.time_ns()
-        first = sent[1] or last
-        n = len([t for t in generation.tokens if t not in params.stop_token_ids])
-        self.metrics.record(generation.stats.step_log, (first - arrival) / 1e9, n, (last - first) / 1e9)
-        text, stop_word = cut_at_stop(self.tokenizer.decode(generation.tokens, skip_special_tokens=True), stops)
-        outputs = [string_tensor("text_output", text[sent[0] :] if streaming else text)]
-        if not streaming and not exclude_input:
-            outputs = [string_tensor("text_output", prompt + text)]
-        if want_reason:
-            outputs.append(string_tensor("finish_reason", "stop" if stop_word else generation.finish_reason))
-        if bool(scalar(request, "return_stop_reason", False)):
-            outputs.append(string_tensor("stop_reason", str(stop_word)))
-        if perf:
-            s = generation.stats
-            outputs += [
-                pb_utils.Tensor("acceptance_rate", np.array([s.acceptance_rate], dtype=np.float32)),
-                pb_utils.Tensor("total_accepted_draft_tokens", np.array([s.accepted_tokens], dtype=np.int32)),
-                pb_utils.Tensor("total_draft_tokens", np.array([s.draft_tokens], dtype=np.int32)),
-                pb_utils.Tensor("arrival_time_ns", np.array([arrival], dtype=np.int64)),
-                pb_utils.Tensor("first_scheduled_time_ns", np.array([scheduled], dtype=np.int64)),
-                pb_utils.Tensor("first_token_time_ns", np.array([first], dtype=np.int64)),
-                pb_utils.Tensor("last_token_time_ns", np.array([last], dtype=np.int64)),
-            ]
-        return pb_utils.InferenceResponse(outputs)
+        def done(seq: Sequence, error: str | None) -> None:
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if error is not None:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=final)
+                return
+            generation = seq.result
+            last = time.time_ns()
+            first = sent[1] or last
+            n = len([t for t in generation.tokens if t not in params.stop_token_ids])
+            self.metrics.record(generation.stats.step_log, (first - arrival) / 1e9, n, (last - first) / 1e9)
+            if generation.finish_reason == "cancelled":
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("request cancelled")), flags=final)
+                return
+            text, stop_word = cut_at_stop(self.tokenizer.decode(generation.tokens, skip_special_tokens=True), stops)
+            outputs = [string_tensor("text_output", text[sent[0] :] if streaming else text)]
+            if not streaming and not exclude_input:
+                outputs = [string_tensor("text_output", prompt + text)]
+            if want_reason:
+                outputs.append(string_tensor("finish_reason", "stop" if stop_word else generation.finish_reason))
+            if want_stop_reason:
+                outputs.append(string_tensor("stop_reason", str(stop_word)))
+            if perf:
+                s = generation.stats
+                outputs += [
+                    pb_utils.Tensor("acceptance_rate", np.array([s.acceptance_rate], dtype=np.float32)),
+                    pb_utils.Tensor("total_accepted_draft_tokens", np.array([s.accepted_tokens], dtype=np.int32)),
+                    pb_utils.Tensor("total_draft_tokens", np.array([s.draft_tokens], dtype=np.int32)),
+                    pb_utils.Tensor("arrival_time_ns", np.array([arrival], dtype=np.int64)),
+                    pb_utils.Tensor("first_scheduled_time_ns", np.array([seq.admitted_ns or arrival], dtype=np.int64)),
+                    pb_utils.Tensor("first_token_time_ns", np.array([first], dtype=np.int64)),
+                    pb_utils.Tensor("last_token_time_ns", np.array([last], dtype=np.int64)),
+                ]
+            sender.send(pb_utils.InferenceResponse(outputs), flags=final)
+
+        seq = Sequence(ids, params, on_tokens=on_tokens)
+        self.loop.submit(seq, done, is_cancelled=request.is_cancelled)
 
     def finalize(self) -> None:
+        self.loop.close()
         self.metrics.close()
-        self.runner = None
+        self.engine = None

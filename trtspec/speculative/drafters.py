@@ -7,24 +7,28 @@ because verification is only lossless against that distribution.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from trtspec.speculative.model import Transformer
-from trtspec.speculative.sampling import SamplingParams, probs_from_logits, sample
+from trtspec.speculative.model import Slots, Transformer
+
+if TYPE_CHECKING:
+    from trtspec.speculative.batch import RowSampling
 
 
 @dataclass
 class BatchState:
-    """The committed sequences of a batch, shared by the runner and its drafter."""
+    """The engine's slots, shared with its drafter: every tensor has one row per slot.
 
-    tokens: torch.Tensor  # [B, capacity] committed tokens, garbage past `lengths`
-    lengths: torch.Tensor  # [B] committed length n_b; the target has cached positions < n_b - 1
-    params: SamplingParams
-    generator: torch.Generator | None
-    target_hidden: torch.Tensor | None = None  # [B, capacity, d] target hidden per position (MTP only)
-    active: torch.Tensor = field(default=None)  # [B] rows still generating
+    A step runs over a subset of the slots (`Slots`); drafters index these tensors with it.
+    """
+
+    tokens: torch.Tensor  # [S, capacity] committed tokens, garbage past `lengths`
+    lengths: torch.Tensor  # [S] committed length n; the target has cached positions < n - 1
+    sampling: RowSampling | None = None  # how this step's rows draw tokens
+    target_hidden: torch.Tensor | None = None  # [S, capacity, d] target hidden per position (MTP only)
 
     @property
     def batch(self) -> int:
@@ -40,51 +44,52 @@ class Proposal:
     num_drafts: torch.Tensor  # [B] drafts that count per row (<= K)
 
 
-def _positions(starts: torch.Tensor, width: int) -> torch.Tensor:
-    return starts[:, None] + torch.arange(width)[None, :]
+def _positions(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """starts[b] + j for j < counts[b], right-padded by repeating the last position.
 
-
-def _window(values: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """values[b, starts[b] : starts[b] + counts[b]] for every row, right-padded to the longest.
-
-    Padding repeats the last real element; callers write padded positions only where they are
-    overwritten before anything reads them.
+    A padded column rewrites the row's last position with the same token, so it changes nothing
+    and never reaches past what the row itself needs.
     """
     width = int(counts.max())
-    idx = starts[:, None] + torch.minimum(torch.arange(width)[None, :], (counts - 1)[:, None])
-    if values.dim() == 2:
-        return values.gather(1, idx)
-    return values.gather(1, idx[..., None].expand(-1, -1, values.shape[-1]))
+    return starts[:, None] + torch.minimum(torch.arange(width, device=starts.device)[None, :], (counts - 1)[:, None])
+
+
+def _window(values: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor, rows: torch.Tensor | None = None):
+    """values[rows[b], starts[b] : starts[b] + counts[b]] for every row, right-padded by repeating the last."""
+    idx = _positions(starts, counts)
+    rows = torch.arange(len(starts), device=values.device) if rows is None else rows
+    return values[rows[:, None], idx]
 
 
 def _proposal(drafts: list[torch.Tensor], probs: list[torch.Tensor | None], batch: int) -> Proposal:
     stacked = None if probs[0] is None else torch.stack(probs, 1)  # type: ignore[arg-type]
-    return Proposal(torch.stack(drafts, 1), stacked, torch.full((batch,), len(drafts)))
+    return Proposal(torch.stack(drafts, 1), stacked, torch.full((batch,), len(drafts), device=drafts[0].device))
 
 
 class Drafter:
-    """Interface: `start` after the target's prefill, `propose` before each verification, `commit` after."""
+    """Interface: `start` with the engine, `admit` when a sequence takes a slot, `propose` before each
+    verification, `commit` after. `slots` are the rows of the step, in the order of its batch."""
 
     needs_target_hidden = False
 
     def start(self, state: BatchState, capacity: int) -> None:
         raise NotImplementedError
 
-    def propose(self, state: BatchState, k: int) -> Proposal:
+    def admit(self, slots: torch.Tensor, reused: torch.Tensor) -> None:
+        """New sequences in `slots` whose first `reused` positions equal the slot's previous sequence."""
+
+    def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
         raise NotImplementedError
 
-    def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int) -> None:
-        """Called after the runner appended the verified tokens (lengths already updated)."""
+    def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int, slots: Slots) -> None:
+        """Called after the engine appended the verified tokens (lengths already updated)."""
 
     def draw(self, logits: torch.Tensor, state: BatchState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A token per row and the processed distribution it was drawn from (the q of verification).
 
-        Greedy drafts return None: a one-hot q, which verification treats exactly as such.
+        All-greedy rows return None: a one-hot q, which verification treats exactly as such.
         """
-        if state.params.greedy:
-            return logits.argmax(-1), None
-        q = probs_from_logits(logits, state.params)
-        return sample(q, state.generator), q
+        return state.sampling.draw(logits)
 
 
 class DraftModelDrafter(Drafter):
@@ -96,27 +101,34 @@ class DraftModelDrafter(Drafter):
 
     def start(self, state: BatchState, capacity: int) -> None:
         self.cache = self.model.new_cache(state.batch, capacity)
-        self.valid = torch.zeros(state.batch, dtype=torch.long)
+        self.valid = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
 
-    def propose(self, state: BatchState, k: int) -> Proposal:
-        counts = state.lengths - self.valid
-        tokens = _window(state.tokens, self.valid, counts)
-        out = self.model(tokens, _positions(self.valid, tokens.shape[1]), self.cache)
-        logits = out.logits[torch.arange(state.batch), counts - 1]
+    def admit(self, slots: torch.Tensor, reused: torch.Tensor) -> None:
+        self.valid[slots] = torch.minimum(self.valid[slots], reused)
+
+    def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
+        idx = slots.index
+        valid, lengths = self.valid[idx], state.lengths[idx]
+        counts = lengths - valid
+        tokens = _window(state.tokens, valid, counts, idx)
+        out = self.model(tokens, _positions(valid, counts), self.cache, slots=slots)
+        logits = out.logits[torch.arange(len(idx), device=idx.device), counts - 1]
         drafts, probs = [], []
         for j in range(k):
             d, q = self.draw(logits, state)
             drafts.append(d)
             probs.append(q)
             if j + 1 < k:
-                pos = (state.lengths + j)[:, None]
-                logits = self.model(d[:, None], pos, self.cache).logits[:, -1]
-        return _proposal(drafts, probs, state.batch)
+                pos = (lengths + j)[:, None]
+                logits = self.model(d[:, None], pos, self.cache, slots=slots).logits[:, -1]
+        return _proposal(drafts, probs, len(idx))
 
-    def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int) -> None:
+    def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int, slots: Slots) -> None:
         # fed: everything committed before this step, then drafts 1..k-1 at old_len..old_len+k-2
-        fed = old_lengths + k - 1 if k > 0 else self.valid
-        self.valid = torch.minimum(torch.maximum(fed, self.valid), state.lengths - 1)
+        idx = slots.index
+        valid = self.valid[idx]
+        fed = old_lengths + k - 1 if k > 0 else valid
+        self.valid[idx] = torch.minimum(torch.maximum(fed, valid), state.lengths[idx] - 1)
 
 
 class MTPDrafter(Drafter):
@@ -139,28 +151,34 @@ class MTPDrafter(Drafter):
 
     def start(self, state: BatchState, capacity: int) -> None:
         b, d = state.batch, self.model.dims.hidden_size
+        weight = self.model.embed_tokens.weight
         self.cache = self.model.new_mtp_cache(b, capacity)
-        self.hidden = torch.zeros(self.depths, b, capacity, d, dtype=self.model.embed_tokens.weight.dtype)
-        self.valid = torch.zeros(self.depths, b, dtype=torch.long)
+        self.hidden = torch.zeros(self.depths, b, capacity, d, dtype=weight.dtype, device=weight.device)
+        self.valid = torch.zeros(self.depths, b, dtype=torch.long, device=weight.device)
 
-    def propose(self, state: BatchState, k: int) -> Proposal:
-        n = state.lengths
-        rows = torch.arange(state.batch)
+    def admit(self, slots: torch.Tensor, reused: torch.Tensor) -> None:
+        # depth l at position i read token i+l+1: exact while that token is in the shared prefix
+        for depth in range(self.depths):
+            self.valid[depth, slots] = torch.minimum(self.valid[depth, slots], (reused - depth - 1).clamp_min(0))
+
+    def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
+        idx = slots.index
+        n = state.lengths[idx]
+        rows = torch.arange(len(idx), device=idx.device)
         drafts: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         last_hidden = None
-        # the committed sequence with the drafts written after it, as the deeper layers read it
-        seq = state.tokens.clone()
+        # the committed sequences with the drafts written after them, as the deeper layers read them
+        seq = state.tokens[idx]
         for depth in range(min(self.depths, k)):
             source = state.target_hidden if depth == 0 else self.hidden[depth - 1]
-            starts = self.valid[depth]
+            starts = self.valid[depth, idx]
             counts = n - 1 - starts  # positions starts..n-2; the chain drafts at n-2
-            hid = _window(source, starts, counts)
+            hid = _window(source, starts, counts, idx)
             toks = _window(seq, starts + depth + 1, counts)
-            pos = _positions(starts, toks.shape[1])
-            out = self.model.mtp_forward(depth, hid, toks, pos, self.cache)
-            # padded slots land past n-2, where nothing reads before the next catch-up rewrites them
-            self.hidden[depth].scatter_(1, pos[..., None].expand_as(out.hidden), out.hidden)
+            pos = _positions(starts, counts)
+            out = self.model.mtp_forward(depth, hid, toks, pos, self.cache, slots)
+            self.hidden[depth][idx[:, None], pos] = out.hidden
             last = counts - 1
             last_hidden = out.hidden[rows, last]
             d, q = self.draw(out.logits[rows, last], state)
@@ -170,17 +188,17 @@ class MTPDrafter(Drafter):
         for j in range(self.depths, k):  # cyclic reuse beyond the last layer
             depth, round_ = j % self.depths, j // self.depths
             pos = (n - 2 + round_)[:, None]
-            out = self.model.mtp_forward(depth, last_hidden[:, None], drafts[-1][:, None], pos, self.cache)
+            out = self.model.mtp_forward(depth, last_hidden[:, None], drafts[-1][:, None], pos, self.cache, slots)
             last_hidden = out.hidden[:, -1]
             d, q = self.draw(out.logits[:, -1], state)
             drafts.append(d)
             probs.append(q)
-        return _proposal(drafts, probs, state.batch)
+        return _proposal(drafts, probs, len(idx))
 
-    def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int) -> None:
+    def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int, slots: Slots) -> None:
         # depth l is exact where its token index stays within the sequence committed when it ran
         for depth in range(self.depths):
-            self.valid[depth] = (old_lengths - 1 - depth).clamp_min(0)
+            self.valid[depth, slots.index] = (old_lengths - 1 - depth).clamp_min(0)
 
 
 class NgramDrafter(Drafter):
@@ -203,11 +221,13 @@ class NgramDrafter(Drafter):
                     return seq[start + size : start + size + k]
         return []
 
-    def propose(self, state: BatchState, k: int) -> Proposal:
-        tokens = torch.zeros(state.batch, k, dtype=torch.long)
-        counts = torch.zeros(state.batch, dtype=torch.long)
-        for b in range(state.batch):
-            found = self.lookup(state.tokens[b, : int(state.lengths[b])].tolist(), k)
+    def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
+        rows = slots.index.tolist()
+        tokens = torch.zeros(len(rows), k, dtype=torch.long)
+        counts = torch.zeros(len(rows), dtype=torch.long)
+        for b, slot in enumerate(rows):
+            found = self.lookup(state.tokens[slot, : int(state.lengths[slot])].tolist(), k)
             tokens[b, : len(found)] = torch.tensor(found, dtype=torch.long)
             counts[b] = len(found)
-        return Proposal(tokens, None, counts)
+        device = state.tokens.device
+        return Proposal(tokens.to(device), None, counts.to(device))

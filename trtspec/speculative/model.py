@@ -73,13 +73,40 @@ class RMSNorm(nn.Module):
 
 
 class KVCache:
-    """Keys and values for `layers` blocks at absolute positions, one row per sequence."""
+    """Keys and values for `layers` blocks at absolute positions, one row (slot) per sequence."""
 
     def __init__(self, dims: ModelDims, layers: int, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
         shape = (layers, batch, dims.num_kv_heads, max_len, dims.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
+
+    def rows(self, start: int, stop: int) -> KVCache:
+        """A view of slots start..stop-1 that writes through to this cache."""
+        view = object.__new__(KVCache)
+        view.k, view.v, view.max_len = self.k[:, start:stop], self.v[:, start:stop], self.max_len
+        return view
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The cache rows a forward pass reads and writes: a batch that is a subset of the slots.
+
+    A contiguous run of slots becomes a view (no copies); any other set is gathered for attention.
+    """
+
+    index: torch.Tensor  # [B] slot per row of the batch
+    start: int | None = None  # set when the slots are start, start+1, ...
+
+    @staticmethod
+    def of(slots: list[int], device=None) -> Slots:
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots))) if slots else False
+        return Slots(torch.tensor(slots, dtype=torch.long, device=device), slots[0] if contiguous else None)
+
+    def resolve(self, cache: KVCache) -> tuple[KVCache, torch.Tensor | None]:
+        if self.start is not None:
+            return cache.rows(self.start, self.start + len(self.index)), None
+        return cache, self.index
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -111,6 +138,7 @@ class Block(nn.Module):
         positions: torch.Tensor,
         mask: torch.Tensor | None,
         kv_len: int,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         d = self.d
         b, t, _ = x.shape
@@ -121,16 +149,22 @@ class Block(nn.Module):
         v = v.view(b, t, d.num_kv_heads, d.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if b == 1:
-            start = int(positions[0, 0])
-            cache.k[layer, :, :, start : start + t] = k
-            cache.v[layer, :, :, start : start + t] = v
+        if slots is not None:  # a scattered subset of the cache's rows: write in place, gather to attend
+            cache.k[layer][slots[:, None], :, positions] = k.transpose(1, 2)
+            cache.v[layer][slots[:, None], :, positions] = v.transpose(1, 2)
+            keys = cache.k[layer][slots, :, :kv_len]
+            values = cache.v[layer][slots, :, :kv_len]
         else:
-            rows = torch.arange(b, device=x.device)[:, None]
-            cache.k[layer][rows, :, positions] = k.transpose(1, 2)
-            cache.v[layer][rows, :, positions] = v.transpose(1, 2)
-        keys = cache.k[layer, :, :, :kv_len]
-        values = cache.v[layer, :, :, :kv_len]
+            if b == 1:  # one row's positions are consecutive: a slice write
+                start = int(positions[0, 0])
+                cache.k[layer, :, :, start : start + t] = k
+                cache.v[layer, :, :, start : start + t] = v
+            else:
+                rows = torch.arange(b, device=x.device)[:, None]
+                cache.k[layer][rows, :, positions] = k.transpose(1, 2)
+                cache.v[layer][rows, :, positions] = v.transpose(1, 2)
+            keys = cache.k[layer, :, :, :kv_len]
+            values = cache.v[layer, :, :, :kv_len]
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=d.num_kv_heads != d.num_heads)
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
         gate, up = self.gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
@@ -207,25 +241,39 @@ class Transformer(nn.Module):
         return cos, sin, mask, kv_len
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = False
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        last_only: bool = False,
+        slots: Slots | None = None,
     ) -> ForwardOut:
-        """Run `tokens` [B, T] at `positions` [B, T], writing their keys and values into `cache`."""
+        """Run `tokens` [B, T] at `positions` [B, T], writing their keys and values into `cache`
+        (into rows `slots` when the batch is a subset of the cache's rows)."""
+        cache, index = slots.resolve(cache) if slots is not None else (cache, None)
         cos, sin, mask, kv_len = self._attention_inputs(positions, cache)
         x = self.embed_tokens(tokens)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, positions, mask, kv_len)
+            x = layer(x, cos, sin, cache, i, positions, mask, kv_len, index)
         hidden = self.norm(x)
         head_in = hidden[:, -1:] if last_only else hidden
         return ForwardOut(self.lm_head(head_in).float(), hidden)
 
     def mtp_forward(
-        self, depth: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache
+        self,
+        depth: int,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        slots: Slots | None = None,
     ) -> ForwardOut:
         """MTP layer `depth` (0-based) on the previous depth's hidden states and the next tokens."""
         mtp = self.mtp[depth]
+        cache, index = slots.resolve(cache) if slots is not None else (cache, None)
         cos, sin, mask, kv_len = self._attention_inputs(positions, cache)
         x = mtp.eh_proj(torch.cat([mtp.enorm(self.embed_tokens(tokens)), mtp.hnorm(hidden)], dim=-1))
-        h = mtp.block(x, cos, sin, cache, depth, positions, mask, kv_len)
+        h = mtp.block(x, cos, sin, cache, depth, positions, mask, kv_len, index)
         return ForwardOut(self.lm_head(mtp.head_norm(h)).float(), h)
 
 

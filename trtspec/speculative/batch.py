@@ -1,0 +1,441 @@
+"""In-flight batching: sequences join and leave the running batch between steps.
+
+The target's and the drafter's KV caches have one row per slot (`slots` of them, `capacity`
+positions each), so admission reserves a whole sequence's positions and a request that could never
+finish is refused up front. Each `step()` first feeds waiting prompts beside the running rows (in
+chunks when `max_num_tokens` leaves less room than a whole prompt, as TensorRT-LLM's chunked
+context does), then runs one speculative step over every running row: each row drafts, is verified
+and stops on its own, and K per step comes from the engine's policy. A finished slot keeps its
+tokens, so a new prompt that shares a prefix with it skips that prefix (TensorRT-LLM's KV-cache
+reuse, at the grain of a slot rather than a block). `SpeculativeRunner.generate` is this loop run
+to completion on one batch, so in-process and served numbers come from the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from trtspec.speculative.drafters import BatchState, Drafter, _positions, _window
+from trtspec.speculative.model import Slots, Transformer
+from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step
+from trtspec.speculative.sampling import SamplingParams, probs_from_logits, sample
+from trtspec.speculative.verification import Verified, verify, verify_greedy
+
+# on_tokens(tokens) streams each accepted chunk of one sequence; returning True stops it (a stop string)
+ChunkCallback = Callable[[list[int]], bool | None]
+
+
+class RowSampling:
+    """How the rows of one step draw tokens: groups of rows sharing sampling params and a generator.
+
+    One group (a whole `generate` call) keeps every draw a single batched call; requests with their
+    own seeds each draw from their own generator, so a seeded request gives the same tokens whoever
+    it shares the batch with.
+    """
+
+    def __init__(self, rows: list[tuple[SamplingParams, torch.Generator | None]], device) -> None:
+        groups: dict[tuple, list[int]] = {}
+        keys: dict[tuple, tuple[SamplingParams, torch.Generator | None]] = {}
+        for i, (params, generator) in enumerate(rows):
+            key = ("greedy",) if params.greedy else (params, id(generator))
+            groups.setdefault(key, []).append(i)
+            keys.setdefault(key, (params, generator))
+        self.groups = [(torch.tensor(idx, dtype=torch.long, device=device), *keys[key]) for key, idx in groups.items()]
+        self.greedy = all(params.greedy for params, _ in rows)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        if len(self.groups) == 1:
+            return probs_from_logits(logits, self.groups[0][1])
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        for rows, params, _ in self.groups:
+            out[rows] = probs_from_logits(logits[rows], params)
+        return out
+
+    def draw(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A token per row and the distribution it was drawn from (None: all greedy, one-hot)."""
+        if self.greedy:
+            return logits.argmax(-1), None
+        q = self.probs(logits)
+        if len(self.groups) == 1:
+            return sample(q, self.groups[0][2]), q
+        tokens = torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
+        for rows, _, generator in self.groups:
+            tokens[rows] = sample(q[rows], generator)
+        return tokens, q
+
+    def verify(self, drafts, q, logits, num_drafts, verify_fn=verify) -> Verified:
+        """The rejection rule per group, each with its own generator; greedy rows by argmax."""
+        if self.greedy and verify_fn is verify:
+            return verify_greedy(drafts, logits, num_drafts)
+        if len(self.groups) == 1:
+            return verify_fn(drafts, q, self.probs(logits), self.groups[0][2], num_drafts)
+        p = self.probs(logits)
+        tokens = torch.full((drafts.shape[0], drafts.shape[1] + 1), -1, dtype=torch.long, device=drafts.device)
+        accepted = torch.zeros(drafts.shape[0], dtype=torch.long, device=drafts.device)
+        for rows, _, generator in self.groups:
+            r = verify_fn(drafts[rows], None if q is None else q[rows], p[rows], generator, num_drafts[rows])
+            tokens[rows], accepted[rows] = r.tokens, r.num_accepted
+        return Verified(tokens, accepted)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in the engine: what it asked for, and (when done) what it got."""
+
+    prompt: list[int]
+    params: GenerationParams
+    on_tokens: ChunkCallback | None = None
+    generator: torch.Generator | None = None  # default: seeded from params.seed, else the global RNG
+    cancelled: bool = False  # set from any thread; the engine drops the sequence before its next step
+    # the engine's bookkeeping
+    slot: int = -1
+    fed: int = 0  # prompt positions in the target's cache
+    reused: int = 0  # of those, positions another sequence left in the slot
+    num_draft_tokens: int = 0
+    admitted_ns: int = 0  # wall clock at admission (TensorRT-LLM's first_scheduled_time_ns)
+    prefill_s: float = 0.0
+    step_log: list[Step] = field(default_factory=list, repr=False)
+    result: Generation | None = None
+
+    @property
+    def prefilled(self) -> bool:
+        return self.fed == len(self.prompt)
+
+
+class KPolicy:
+    """Drafts per step for a running batch of `batch` rows; the engine default is a fixed K."""
+
+    def k(self, batch: int, k_max: int) -> int:
+        return k_max
+
+    def observe(self, batch: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
+        """One step's cost and per-position counts, for policies that learn."""
+
+
+class BatchEngine:
+    def __init__(
+        self,
+        target: Transformer,
+        drafter: Drafter | None,
+        num_draft_tokens: int,
+        slots: int,
+        capacity: int,
+        max_num_tokens: int | None = None,
+        verify_fn=verify,
+        policy: KPolicy | None = None,
+        reuse: bool = False,
+    ) -> None:
+        self.target, self.drafter = target, drafter
+        self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
+        self.capacity = min(capacity, target.max_positions)
+        self.max_num_tokens = max_num_tokens
+        self.verify_fn = verify_fn
+        self.policy = policy or KPolicy()
+        self.reuse = reuse
+        self.device = target.embed_tokens.weight.device
+        self.rows: list[Sequence | None] = [None] * slots
+        self.free = set(range(slots))
+        self.waiting: deque[Sequence] = deque()
+        self.cached = torch.zeros(slots, dtype=torch.long, device=self.device)  # positions valid for tokens[slot]
+        self.produced = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.stopped = torch.zeros(slots, dtype=torch.bool, device=self.device)
+        self.state = BatchState(
+            tokens=torch.zeros(slots, self.capacity, dtype=torch.long, device=self.device),
+            lengths=torch.zeros(slots, dtype=torch.long, device=self.device),
+        )
+        self.needs_hidden = drafter is not None and drafter.needs_target_hidden
+        if self.needs_hidden:
+            d, dtype = target.dims.hidden_size, target.embed_tokens.weight.dtype
+            self.state.target_hidden = torch.zeros(slots, self.capacity, d, dtype=dtype, device=self.device)
+        self.cache = target.new_cache(slots, self.capacity)
+        width = max(self.num_draft_tokens, 1)
+        self.drafted_pos = torch.zeros(slots, width, dtype=torch.long, device=self.device)
+        self.accepted_pos = torch.zeros_like(self.drafted_pos)
+        if drafter is not None:
+            drafter.start(self.state, self.capacity)
+        self.last_k = 0  # K of the latest step, and the rows it ran (for metrics)
+        self.last_batch = 0
+
+    # -- admission ------------------------------------------------------------------------------
+
+    def positions_needed(self, prompt_tokens: int, params: GenerationParams) -> int:
+        """Positions a sequence reserves: prompt, output, the widest step's drafts, and the bonus."""
+        k = self._k_of(params)
+        return prompt_tokens + params.max_tokens + k + 2
+
+    def _k_of(self, params: GenerationParams) -> int:
+        if self.drafter is None:
+            return 0
+        return self.num_draft_tokens if params.num_draft_tokens is None else params.num_draft_tokens
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence; raises ValueError for one that could not finish in a slot."""
+        if not seq.prompt:
+            raise ValueError("every prompt needs at least one token")
+        if seq.params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {seq.params.max_tokens}")
+        seq.num_draft_tokens = self._k_of(seq.params)
+        need = self.positions_needed(len(seq.prompt), seq.params)
+        if need > self.capacity:
+            raise ValueError(
+                f"prompt ({len(seq.prompt)}) + max_tokens ({seq.params.max_tokens}) + drafts "
+                f"({seq.num_draft_tokens}) exceed the runner's {self.capacity} positions"
+            )
+        if seq.generator is None and seq.params.seed is not None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+        self.waiting.append(seq)
+
+    def reset(self) -> list[Sequence]:
+        """Drop every sequence (after a failed step, whose state cannot be trusted); returns them."""
+        dropped = [s for s in self.rows if s is not None] + list(self.waiting)
+        self.waiting.clear()
+        self.rows = [None] * len(self.rows)
+        self.free = set(range(len(self.rows)))
+        self.cached.zero_()
+        self.stopped.zero_()
+        if self.drafter is not None:
+            self.drafter.admit(torch.arange(len(self.rows), device=self.device), self.cached)
+        return dropped
+
+    @property
+    def running(self) -> int:
+        return len(self.rows) - len(self.free)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or self.running > 0
+
+    def _reused_prefix(self, prompt: torch.Tensor, free: list[int]) -> tuple[int, int]:
+        """The free slot whose cached tokens share the longest prefix with `prompt`, and that length."""
+        limit = min(len(prompt) - 1, self.capacity)  # the last prompt token is always fed: its logits start decoding
+        if not self.reuse or limit <= 0:
+            return free[0], 0
+        index = torch.tensor(free, device=self.device)
+        same = self.state.tokens[index, :limit] == prompt[None, :limit]
+        same &= torch.arange(limit, device=self.device)[None, :] < self.cached[index, None]
+        shared = same.long().cumprod(1).sum(1)
+        best = int(shared.argmax())
+        return free[best], int(shared[best])
+
+    def _admit(self, finished: list[Sequence]) -> None:
+        admitted, slots, reused = [], [], []
+        free = sorted(self.free)  # lowest first: running rows stay contiguous, so steps use cache views
+        while self.waiting and free:
+            seq = self.waiting.popleft()
+            if seq.cancelled:
+                finished += self._finish([seq], "cancelled")
+                continue
+            prompt = torch.tensor(seq.prompt, dtype=torch.long, device=self.device)
+            slot, shared = self._reused_prefix(prompt, free)
+            free.remove(slot)
+            self.free.discard(slot)
+            self.rows[slot] = seq
+            seq.slot, seq.fed, seq.reused, seq.admitted_ns = slot, shared, shared, time.time_ns()
+            self.state.tokens[slot, : len(prompt)] = prompt
+            self.state.lengths[slot] = len(prompt)
+            self.cached[slot] = shared
+            self.produced[slot] = 0
+            self.stopped[slot] = False
+            self.drafted_pos[slot] = 0
+            self.accepted_pos[slot] = 0
+            admitted.append(seq)
+            slots.append(slot)
+            reused.append(shared)
+        if admitted and self.drafter is not None:
+            index = torch.tensor(slots, device=self.device)
+            self.drafter.admit(index, torch.tensor(reused, device=self.device))
+        width = max((s.num_draft_tokens for s in admitted), default=0)
+        if width > self.drafted_pos.shape[1]:
+            pad = torch.zeros(len(self.rows), width - self.drafted_pos.shape[1], dtype=torch.long, device=self.device)
+            self.drafted_pos = torch.cat([self.drafted_pos, pad], 1)
+            self.accepted_pos = torch.cat([self.accepted_pos, pad.clone()], 1)
+
+    # -- one iteration --------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[Sequence]:
+        """Admit, feed prompts, run one speculative step; returns the sequences that finished."""
+        finished = self._finish([s for s in self.rows if s is not None and s.cancelled], "cancelled")
+        self._admit(finished)
+        decoding = [s for s in self.rows if s is not None and s.prefilled]
+        k = self.policy.k(len(decoding), self.num_draft_tokens) if decoding else 0
+        budget = None if self.max_num_tokens is None else self.max_num_tokens - len(decoding) * (k + 1)
+        prefilling = [s for s in self.rows if s is not None and not s.prefilled]
+        if prefilling:
+            self._prefill(sorted(prefilling, key=lambda s: s.admitted_ns), budget)
+        if decoding:
+            self._decode(decoding, k)
+        running = [s for s in self.rows if s is not None and s.prefilled]
+        if running:
+            index = torch.tensor([s.slot for s in running], device=self.device)
+            limits = torch.tensor([s.params.max_tokens for s in running], device=self.device)
+            done = (self.stopped[index] | (self.produced[index] >= limits)).tolist()
+            finished += self._finish([s for s, d in zip(running, done, strict=True) if d], None)
+        return finished
+
+    def _prefill(self, seqs: list[Sequence], budget: int | None) -> None:
+        left = float("inf") if budget is None else max(budget, 0)
+        chunks = []
+        for seq in seqs:
+            n = min(len(seq.prompt) - seq.fed, left)
+            if n <= 0:
+                break
+            chunks.append((seq, int(n)))
+            left -= n
+        if not chunks:
+            return
+        t0 = time.perf_counter()
+        slots = Slots.of([s.slot for s, _ in chunks], self.device)
+        starts = torch.tensor([s.fed for s, _ in chunks], device=self.device)
+        counts = torch.tensor([n for _, n in chunks], device=self.device)
+        tokens = _window(self.state.tokens, starts, counts, slots.index)
+        positions = _positions(starts, counts)
+        out = self.target(tokens, positions, self.cache, last_only=not self.needs_hidden, slots=slots)
+        if self.needs_hidden:
+            self.state.target_hidden[slots.index[:, None], positions] = out.hidden
+        for seq, n in chunks:
+            seq.fed += n
+            self.cached[seq.slot] = seq.fed
+        done = [i for i, (seq, _) in enumerate(chunks) if seq.prefilled]
+        if done:
+            rows = torch.tensor(done, device=self.device)
+            last = out.logits[rows, -1] if not self.needs_hidden else out.logits[rows, counts[rows] - 1]
+            seqs = [chunks[i][0] for i in done]
+            first, _ = RowSampling([(s.params.sampling, s.generator) for s in seqs], self.device).draw(last)
+            ones = torch.ones(len(seqs), dtype=torch.long, device=self.device)
+            self._commit(seqs, first[:, None], ones)
+        elapsed = time.perf_counter() - t0
+        for seq, _ in chunks:
+            seq.prefill_s += elapsed
+
+    def _decode(self, seqs: list[Sequence], k_policy: int) -> None:
+        slots = Slots.of([s.slot for s in seqs], self.device)
+        idx = slots.index
+        sampling = RowSampling([(s.params.sampling, s.generator) for s in seqs], self.device)
+        self.state.sampling = sampling
+        old = self.state.lengths[idx].clone()
+        remaining = torch.tensor([s.params.max_tokens for s in seqs], device=self.device) - self.produced[idx]
+        k_rows = torch.tensor([min(s.num_draft_tokens, k_policy) for s in seqs], device=self.device)
+        k_rows = torch.minimum(k_rows, remaining - 1).clamp_min(0)
+        k = int(k_rows.max())
+        n = len(seqs)
+        t0 = time.perf_counter()
+        if k > 0:
+            proposal = self.drafter.propose(self.state, k, slots)
+            drafts, q = proposal.tokens, proposal.probs
+            num_drafts = torch.minimum(proposal.num_drafts, k_rows)
+        else:
+            drafts, q = torch.zeros(n, 0, dtype=torch.long, device=self.device), None
+            num_drafts = torch.zeros(n, dtype=torch.long, device=self.device)
+        t1 = time.perf_counter()
+        step_tokens = torch.cat([self.state.tokens[idx, old - 1][:, None], drafts], dim=1)
+        positions = (old - 1)[:, None] + torch.arange(k + 1, device=self.device)[None, :]
+        out = self.target(step_tokens, positions, self.cache, slots=slots)
+        result = sampling.verify(drafts, q, out.logits, num_drafts, self.verify_fn)
+        if self.needs_hidden:
+            self.state.target_hidden[idx[:, None], positions] = out.hidden
+        t2 = time.perf_counter()
+        m = result.num_accepted
+        pos = torch.arange(k, device=self.device)[None, :]
+        self.drafted_pos[idx, :k] += pos < num_drafts[:, None]
+        self.accepted_pos[idx, :k] += pos < m[:, None]
+        for seq, d, a in zip(seqs, num_drafts.tolist(), m.tolist(), strict=True):
+            seq.step_log.append(Step(d, a, t1 - t0, t2 - t1))
+        self._commit(seqs, result.tokens, m + 1)
+        self.cached[idx] = self.state.lengths[idx] - 1
+        if k > 0:
+            self.drafter.commit(self.state, old, k, slots)
+        self.last_k, self.last_batch = k, n
+        self.policy.observe(
+            n, k, t2 - t0, (pos < num_drafts[:, None]).sum(0).tolist(), (pos < m[:, None]).sum(0).tolist()
+        )
+
+    def _commit(self, seqs: list[Sequence], new: torch.Tensor, count: torch.Tensor) -> None:
+        """Append the first `count` of each row's `new` tokens, honouring stops and max_tokens."""
+        idx = torch.tensor([s.slot for s in seqs], device=self.device)
+        width = new.shape[1]
+        cols = torch.arange(width, device=self.device)[None, :]
+        limits = torch.tensor([s.params.max_tokens for s in seqs], device=self.device)
+        count = torch.minimum(count, limits - self.produced[idx])
+        stops = _stop_table(seqs, self.device)
+        hit = torch.zeros_like(new, dtype=torch.bool)
+        if stops.shape[1]:
+            hit = (new[:, :, None] == stops[:, None, :]).any(-1) & (cols < count[:, None])
+            first = torch.where(hit.any(1), hit.int().argmax(1) + 1, count)
+            count = torch.minimum(count, first)
+        stopped = hit.any(1)
+        keep = cols < count[:, None]
+        lengths = self.state.lengths[idx]
+        positions = (lengths[:, None] + cols).clamp_max(self.capacity - 1)
+        current = self.state.tokens[idx[:, None], positions]
+        self.state.tokens[idx[:, None], positions] = torch.where(keep, new, current)
+        self.state.lengths[idx] = lengths + count
+        self.produced[idx] += count
+        counts = count.tolist()
+        for i, seq in enumerate(seqs):
+            if seq.on_tokens is not None and counts[i]:
+                try:
+                    if seq.on_tokens(new[i, : counts[i]].tolist()) is True:
+                        stopped[i] = True  # the caller saw a stop string
+                except Exception:  # streaming to a client that went away: that sequence ends, no other
+                    seq.cancelled = True
+        self.stopped[idx] = stopped
+
+    def _finish(self, seqs: list[Sequence], reason: str | None) -> list[Sequence]:
+        """Build each sequence's result and free its slot (the slot's tokens stay for prefix reuse).
+
+        `reason` None: "stop" where a stop token or string ended it, else "length"."""
+        if not seqs:
+            return []
+        placed = [s for s in seqs if s.slot >= 0]
+        index = torch.tensor([s.slot for s in placed], dtype=torch.long, device=self.device)
+        rows = self.state.tokens[index].tolist()
+        lengths = self.state.lengths[index].tolist()
+        stopped = self.stopped[index].tolist()
+        drafted, accepted = self.drafted_pos[index].tolist(), self.accepted_pos[index].tolist()
+        found = {id(s): i for i, s in enumerate(placed)}
+        for seq in seqs:
+            i = found.get(id(seq))
+            width = seq.num_draft_tokens
+            if i is None:  # cancelled while waiting
+                tokens, stop, per_drafted, per_accepted = [], False, [0] * width, [0] * width
+            else:
+                tokens = rows[i][len(seq.prompt) : lengths[i]] if seq.prefilled else []
+                stop, per_drafted, per_accepted = stopped[i], drafted[i][:width], accepted[i][:width]
+                self.rows[seq.slot] = None
+                self.free.add(seq.slot)
+            steps = seq.step_log
+            stats = RequestStats(
+                prompt_tokens=len(seq.prompt),
+                output_tokens=len(tokens),
+                steps=len(steps),
+                draft_tokens=sum(s.drafted for s in steps),
+                accepted_tokens=sum(s.accepted for s in steps),
+                drafted_per_position=per_drafted,
+                accepted_per_position=per_accepted,
+                prefill_s=seq.prefill_s,
+                draft_s=sum(s.draft_s for s in steps),
+                verify_s=sum(s.verify_s for s in steps),
+                reused_prompt_tokens=seq.reused,
+                step_log=steps,
+            )
+            final = reason or ("stop" if stop else "length")
+            seq.result = Generation(tokens, final, stats)
+        if placed:
+            self.stopped[index] = False
+        return seqs
+
+
+def _stop_table(seqs: list[Sequence], device) -> torch.Tensor:
+    """Each row's stop token ids, padded with -1 (no token), as one [B, S] tensor."""
+    sets = [sorted(s.params.stop_token_ids) for s in seqs]
+    width = max((len(x) for x in sets), default=0)
+    if width == 0:
+        return torch.zeros(len(seqs), 0, dtype=torch.long, device=device)
+    if all(x == sets[0] for x in sets):
+        return torch.tensor(sets[0], dtype=torch.long, device=device).expand(len(seqs), -1)
+    return torch.tensor([x + [-1] * (width - len(x)) for x in sets], dtype=torch.long, device=device)

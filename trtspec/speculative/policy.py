@@ -1,0 +1,194 @@
+"""How many drafts a step gets at a given batch size: the load-aware part of speculation.
+
+At batch 1 a decoding step is memory-bound, so verifying K drafts costs little more than one
+token; as the batch grows the step turns compute-bound, the K extra positions per row cost real
+time, and past some batch speculation loses. `AdaptiveK` picks, for the running batch, the K that
+maximises expected tokens per second: E[tokens per step](K) from the acceptance it has measured
+per position (cost_model.expected_tokens_per_step_positional) over the step time it has measured
+at that batch and K (calibrated when the engine starts, then kept current from every step). K = 0
+is plain decoding, so where verification stops riding free it turns speculation off. `FixedK` is
+the configured K. Both honour `max_concurrency`, TensorRT-LLM's cut-off: no speculation when more
+rows than that are running.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence
+from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
+from trtspec.speculative.requests import GenerationParams
+
+POLICIES = ("fixed", "adaptive")
+PRIOR_STEPS = 16  # steps with drafts before measured acceptance replaces the prior
+PRIOR_RATE = 0.6  # conditional acceptance per position assumed until then
+EXPLORE_EVERY = 64  # while K = 0 wins, one step in this many drafts k_max so acceptance stays measured
+COST_EMA = 0.1  # weight of a new step time in the running estimate
+
+
+class FixedK(KPolicy):
+    def __init__(self, k: int, max_concurrency: int | None = None) -> None:
+        self.fixed, self.max_concurrency = k, max_concurrency
+
+    def prepare(self, engine: BatchEngine) -> None:
+        """Nothing to measure for a fixed K."""
+
+    def k(self, batch: int, k_max: int) -> int:
+        if self.max_concurrency is not None and batch > self.max_concurrency:
+            return 0
+        return min(self.fixed, k_max)
+
+
+@dataclass
+class AdaptiveK(KPolicy):
+    max_concurrency: int | None = None
+    prior: list[float] = field(default_factory=list)  # conditional acceptance per position (plan.json's)
+    costs: dict[int, dict[int, float]] = field(default_factory=dict)  # batch -> K -> seconds per step
+    drafted: list[int] = field(default_factory=list)  # per position, over every observed step
+    accepted: list[int] = field(default_factory=list)
+    steps_with_drafts: int = 0
+    decisions: int = 0
+    forced: int | None = None  # calibration runs a given K
+    last_seconds: float = 0.0
+
+    def prepare(self, engine: BatchEngine) -> None:
+        """Step costs at the batch sizes the engine can run, measured before the first request."""
+        if engine.num_draft_tokens > 0:
+            calibrate(engine, self, batch_sizes(len(engine.rows)))
+
+    def rates(self, k_max: int) -> list[float]:
+        if self.steps_with_drafts < PRIOR_STEPS or not self.drafted:
+            known = self.prior
+        else:
+            # drafted[0] counts steps, accepted[j] steps whose positions 0..j were all accepted
+            known = conditional_rates(self.drafted, self.accepted)
+        fill = known[-1] if known else PRIOR_RATE
+        return [*known[:k_max], *[fill] * (k_max - len(known))]
+
+    def step_seconds(self, batch: int, k: int) -> float | None:
+        """Measured time of a step at (batch, K), linearly interpolated between measured batch sizes."""
+        sizes = sorted(b for b, row in self.costs.items() if k in row)
+        if not sizes:
+            return None
+        below = [b for b in sizes if b <= batch]
+        above = [b for b in sizes if b >= batch]
+        lo = below[-1] if below else sizes[0]
+        hi = above[0] if above else sizes[-1]
+        if lo == hi:
+            t = self.costs[lo][k]
+            return t * batch / lo if batch > lo else t  # past the largest measured batch: at best linear
+        w = (batch - lo) / (hi - lo)
+        return (1 - w) * self.costs[lo][k] + w * self.costs[hi][k]
+
+    def throughput(self, batch: int, k: int, rates: list[float]) -> float | None:
+        seconds = self.step_seconds(batch, k)
+        if seconds is None or seconds <= 0:
+            return None
+        return batch * expected_tokens_per_step_positional(rates[:k]) / seconds
+
+    def k(self, batch: int, k_max: int) -> int:
+        if self.forced is not None:
+            return min(self.forced, k_max)
+        if k_max == 0 or (self.max_concurrency is not None and batch > self.max_concurrency):
+            return 0
+        if self.steps_with_drafts < PRIOR_STEPS and not self.prior:
+            return k_max  # nothing known about acceptance yet: measure it
+        rates = self.rates(k_max)
+        scored = {k: self.throughput(batch, k, rates) for k in range(k_max + 1)}
+        if any(v is None for v in scored.values()):
+            return k_max
+        best = max(scored, key=lambda k: scored[k])
+        self.decisions += 1
+        if best == 0 and self.decisions % EXPLORE_EVERY == 0:
+            return k_max
+        return best
+
+    def observe(self, batch: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
+        self.last_seconds = seconds
+        row = self.costs.setdefault(batch, {})
+        row[k] = seconds if k not in row else (1 - COST_EMA) * row[k] + COST_EMA * seconds
+        if k == 0 or not drafted or drafted[0] == 0 or self.forced is not None:
+            return  # calibration steps draft from random tokens: their acceptance means nothing
+        width = max(len(self.drafted), len(drafted))
+        self.drafted = [a + b for a, b in zip(_pad(self.drafted, width), _pad(drafted, width), strict=True)]
+        self.accepted = [a + b for a, b in zip(_pad(self.accepted, width), _pad(accepted, width), strict=True)]
+        self.steps_with_drafts += 1
+
+    def table(self, k_max: int, batches: list[int]) -> dict[int, dict[str, float | int]]:
+        """The K this policy would choose per batch size, and its expected speedup over K = 0."""
+        rates = self.rates(k_max)
+        out = {}
+        for b in batches:
+            scored = {k: self.throughput(b, k, rates) or 0.0 for k in range(k_max + 1)}
+            best = max(scored, key=lambda k: scored[k])
+            out[b] = {"k": best, "speedup": scored[best] / scored[0] if scored[0] else 0.0}
+        return out
+
+
+def _pad(values: list[int], width: int) -> list[int]:
+    return values + [0] * (width - len(values))
+
+
+def calibrate(engine: BatchEngine, policy: AdaptiveK, batches: list[int], prompt_tokens: int = 16, reps: int = 3):
+    """Time steps at each batch size and K on dummy sequences, so the first real decisions are measured.
+
+    The sequences are cancelled afterwards; their slots stay free (and hold nothing a real prompt shares).
+    """
+    rng = random.Random(0)
+    vocab = engine.target.dims.vocab_size
+    k_max = engine.num_draft_tokens
+    previous, engine.policy = engine.policy, policy
+    try:
+        for batch in batches:
+            seqs = [
+                Sequence([rng.randrange(vocab) for _ in range(prompt_tokens)], GenerationParams(max_tokens=10_000))
+                for _ in range(batch)
+            ]
+            limit = engine.capacity - prompt_tokens - k_max - 2
+            for seq in seqs:
+                seq.params = GenerationParams(max_tokens=max(1, min(limit, (k_max + 1) * (reps + 1) * (k_max + 1))))
+                engine.add(seq)
+            while any(not s.prefilled for s in seqs):
+                engine.step()
+            for k in range(k_max + 1):
+                policy.forced = k
+                times = []
+                for _ in range(reps):
+                    engine.step()
+                    times.append(policy.last_seconds)
+                policy.costs[batch][k] = statistics.median(times)
+            for seq in seqs:
+                seq.cancelled = True
+            engine.step()
+    finally:
+        policy.forced = None
+        engine.policy = previous
+        engine.cached.zero_()  # dummy prompts: nothing there to reuse
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to and including max_batch: where costs are measured and curves are drawn."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, max_batch]
+
+
+def policy_for(kind: str, k: int, max_concurrency: int | None = None, plan: Path | None = None) -> FixedK | AdaptiveK:
+    """The policy a served model runs; an adaptive one starts from plan.json's acceptance when there is one."""
+    if kind not in POLICIES:
+        raise ValueError(f"speculation policy must be one of {', '.join(POLICIES)}, got {kind!r}")
+    if kind == "fixed":
+        return FixedK(k, max_concurrency)
+    prior: list[float] = []
+    if plan is not None and plan.is_file():
+        try:
+            prior = [float(r) for r in json.loads(plan.read_text(encoding="utf-8")).get("acceptance_per_position", [])]
+        except (ValueError, TypeError, AttributeError):
+            prior = []  # an unreadable plan only loses the head start
+    return AdaptiveK(max_concurrency=max_concurrency, prior=prior)

@@ -1,0 +1,67 @@
+"""What a generation request asks for and what it gets back: shared by the runner, the engine and the servers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trtspec.speculative.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 64
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: frozenset[int] = frozenset()
+    seed: int | None = None
+    num_draft_tokens: int | None = None  # default: the runner's
+
+
+@dataclass(frozen=True)
+class Step:
+    """One target pass after the prefill as one row saw it; the server's histograms observe these."""
+
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    steps: int = 0  # target passes after the prefill
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    reused_prompt_tokens: int = 0  # prompt positions another request left in the KV cache
+    step_log: list[Step] = field(default_factory=list, repr=False)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        # the first output token comes from the prefill, every later one from a step
+        return (self.output_tokens - 1) / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict:
+        pos = [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position, strict=True)]
+        return {
+            **{k: v for k, v in self.__dict__.items() if k != "step_log"},
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_step": self.tokens_per_step,
+            "acceptance_per_position": pos,
+        }
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    finish_reason: str  # "stop" (EOS or a stop token) or "length"
+    stats: RequestStats
