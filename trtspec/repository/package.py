@@ -142,6 +142,9 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
     target = {**common, "trtspec_mode": "mtp" if cfg.mode == "mtp" else "none"}
     if cfg.mode == "mtp":
         target["trtspec_num_draft_tokens"] = str(manifest.num_draft_tokens or 1)
+        target["trtspec_policy"] = cfg.speculation.resolved_policy(cfg.build.backend)
+        if cfg.speculation.max_concurrency is not None:
+            target["trtspec_max_concurrency"] = str(cfg.speculation.max_concurrency)
     draft = {**common, "trtspec_dtype": cfg.draft.dtype if cfg.draft else cfg.target.dtype}
     extra = {"tensorrt_llm": target, "tensorrt_llm_draft": draft}
     models = _engine_models(cfg, p, "python", str(engines / "draft"), extra)

@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.repository.pb import PythonModel, RequestError, decoded, first_refused, given, scalar, utf8
+from trtspec.repository.pb import (
+    BatchedPythonModel,
+    PythonModel,
+    RequestError,
+    decoded,
+    first_refused,
+    given,
+    scalar,
+    utf8,
+)
 from trtspec.repository.spec_metrics import BLS_REQUEST_PREFIX, SpecMetrics
 
 # What trtspec's torch engine does with each input TensorRT-LLM's tensorrt_llm model declares. An
@@ -49,6 +58,11 @@ NEUTRAL: dict[str, object] = {
     "return_context_logits": False,
     "stop": False,
 }
+
+
+def ends_with_any(tokens: list[int], sequences: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether `tokens` ends with one of the stop words (TensorRT-LLM includes the word in the output)."""
+    return any(seq and len(tokens) >= len(seq) and tuple(tokens[-len(seq) :]) == seq for seq in sequences)
 
 
 def words(array: np.ndarray) -> tuple[tuple[int, ...], ...]:
@@ -106,43 +120,50 @@ def perf_tensors(arrival: int, scheduled: int, first: int, last: int, drafted: i
     ]
 
 
-class TensorRTLLMModel(PythonModel):
-    """`tensorrt_llm` (target) and `tensorrt_llm_draft`: one engine directory, TensorRT-LLM's tensors."""
+class TensorRTLLMModel(BatchedPythonModel):
+    """`tensorrt_llm` (target) and `tensorrt_llm_draft`: one engine directory, TensorRT-LLM's tensors.
+
+    Every request joins the instance's running batch (`engine_loop`): plain decoding, MTP, and the
+    BLS's verification calls (draft_input_ids) alike. With enable_kv_cache_reuse a request whose
+    tokens start with what a finished request left in a slot skips that prefix, so the BLS loop,
+    which resends the whole sequence each call, costs a call per step, not a prefill.
+    """
 
     def initialize(self, args: dict[str, str]) -> None:
+        import triton_python_backend_utils as pb_utils
+
         from trtspec.build.torch_engine import read_engine_config
-        from trtspec.speculative.engine_session import CachedModel
+        from trtspec.repository.engine_loop import EngineLoop
         from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
         from trtspec.speculative.model import load_transformer
+        from trtspec.speculative.policy import policy_for
 
         config = json.loads(args["model_config"])
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         p = parameters(args)
-        engine = Path(p["gpt_model_path"])
+        engine_dir = Path(p["gpt_model_path"])
         device = resolve_device(p.get("trtspec_device", "auto"))
         max_len = int(p.get("trtspec_max_seq_len", "2048"))
-        model = load_transformer(engine, resolve_dtype(p.get("trtspec_dtype", "auto"), device), device, max_len)
-        slots = 8 if p.get("enable_kv_cache_reuse", "False").lower() == "true" else 1
-        self.engine = CachedModel(model, capacity=max_len, slots=slots)
-        self.runner = None
-        if p.get("trtspec_mode") == "mtp":  # MTP lives in the target: speculation inside this one model
-            k = int(p.get("trtspec_num_draft_tokens", "1"))
-            self.runner = load_runner(engine, "mtp", num_draft_tokens=k, target=model, max_len=max_len)
-        eos = json.loads((engine / "config.json").read_text(encoding="utf-8")).get("eos_token_id")
+        model = load_transformer(engine_dir, resolve_dtype(p.get("trtspec_dtype", "auto"), device), device, max_len)
+        mode = "mtp" if p.get("trtspec_mode") == "mtp" else "none"  # MTP lives in the target: it speculates here
+        k = int(p.get("trtspec_num_draft_tokens", "1")) if mode == "mtp" else 0
+        runner = load_runner(engine_dir, mode, num_draft_tokens=max(k, 1), target=model, max_len=max_len)
+        policy = policy_for(
+            p.get("trtspec_policy", "fixed"), runner.num_draft_tokens, _int(p.get("trtspec_max_concurrency"))
+        )
+        self.engine = runner.engine(slots=int(config.get("max_batch_size") or 8), capacity=max_len, policy=policy)
+        self.engine.reuse = p.get("enable_kv_cache_reuse", "False").lower() == "true"
+        policy.prepare(self.engine)
+        eos = json.loads((engine_dir / "config.json").read_text(encoding="utf-8")).get("eos_token_id")
         self.end_id = eos[0] if isinstance(eos, list) else eos
         self.defaults = json.loads(p.get("trtspec_sampling", "{}"))
         self.exclude_input = p.get("exclude_input_in_output", "False").lower() == "true"
         self.declared = [tensor["name"] for tensor in config.get("input", [])]
-        self.max_draft_len = int(read_engine_config(engine).get("build_config", {}).get("max_draft_len") or 0)
-        k = self.runner.num_draft_tokens if self.runner is not None else 0
-        mode = "mtp" if self.runner is not None else "none"
-        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, k)
-        self.metrics.kv_cache(0, self.engine.max_slots * self.engine.capacity)
-
-    def _kv(self, in_flight: int = 0) -> None:
-        """Positions the reuse slots hold, plus what a running MTP generation reserved in its own cache."""
-        held = sum(len(slot.tokens) for slot in self.engine.slots)
-        self.metrics.kv_cache(held + in_flight, self.engine.max_slots * self.engine.capacity)
+        self.max_draft_len = int(read_engine_config(engine_dir).get("build_config", {}).get("max_draft_len") or 0)
+        self.speculates = mode == "mtp"
+        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
+        self.metrics.kv_cache(0, len(self.engine.rows) * self.engine.capacity)
+        self.loop = EngineLoop(self.engine, on_step=self.metrics.batch, log_error=pb_utils.Logger.log_error)
 
     def _sampling(self, request):
         from trtspec.speculative.sampling import SamplingParams
@@ -155,12 +176,25 @@ class TensorRTLLMModel(PythonModel):
             raise RequestError(f"bad sampling: temperature {temperature}, runtime_top_k {top_k}, runtime_top_p {top_p}")
         return SamplingParams(temperature, top_k, top_p)
 
-    def answer(self, request, sender):
+    def _draft_logits(self, request, drafts: list[int]):
         import torch
         import triton_python_backend_utils as pb_utils
 
-        from trtspec.speculative.engine_session import ends_with_any
-        from trtspec.speculative.runner import Step
+        tensor = pb_utils.get_input_tensor_by_name(request, "draft_logits")
+        if tensor is None or tensor.as_numpy().size == 0:
+            return None
+        values = np.array(tensor.as_numpy(), dtype=np.float32)
+        vocab = self.engine.target.dims.vocab_size
+        if values.size != len(drafts) * vocab:
+            raise RequestError(f"draft_logits has {values.size} values, want {len(drafts)} drafts x vocab {vocab}")
+        return torch.from_numpy(values.reshape(len(drafts), vocab))
+
+    def submit(self, request, sender) -> None:
+        import torch
+        import triton_python_backend_utils as pb_utils
+
+        from trtspec.speculative.batch import Sequence
+        from trtspec.speculative.runner import GenerationParams
 
         arrival = time.time_ns()
         refused = first_refused(request, self.declared, HONOURED | NO_EFFECT, NEUTRAL)
@@ -183,15 +217,15 @@ class TensorRTLLMModel(PythonModel):
                 f"draft_input_ids has {len(drafts)} tokens, more than this engine's max_draft_len "
                 f"{self.max_draft_len}: ask for fewer num_draft_tokens or rebuild with more"
             )
-        if min_tokens > 0 and (drafts or self.runner is not None):
+        if min_tokens > 0 and (drafts or self.speculates):
             raise RequestError("min_tokens with speculation is not supported by trtspec's torch engine")
-        if len(prompt) + max_new + len(drafts) + 1 > self.engine.capacity:
+        if len(prompt) + max_new + max(len(drafts), self.engine.num_draft_tokens) + 1 > self.engine.capacity:
             raise RequestError(
                 f"input ({len(prompt)} tokens) + request_output_len ({max_new}) exceed the engine's "
                 f"{self.engine.capacity} positions"
             )
         streaming = bool(scalar(request, "streaming", False))
-        if streaming and sender is None:
+        if streaming and not self.decoupled:
             raise RequestError("streaming requires a decoupled model (decoupled_mode True)")
         end_id = int(scalar(request, "end_id", self.end_id if self.end_id is not None else -1))
         sampling = self._sampling(request)
@@ -199,90 +233,83 @@ class TensorRTLLMModel(PythonModel):
         generator = torch.Generator().manual_seed(int(seed) if seed is not None else secrets.randbits(63))
         exclude = bool(scalar(request, "exclude_input_in_output", self.exclude_input))
         want_logits = bool(scalar(request, "return_generation_logits", False))
-        if want_logits and (drafts or self.runner is not None):  # NVIDIA's BLS never asks for them there
+        if want_logits and (drafts or self.speculates):  # NVIDIA's BLS never asks for them there
             raise RequestError("return_generation_logits with speculation is not supported by trtspec's torch engine")
-        scheduled = time.time_ns()
+        want_inputs = bool(scalar(request, "return_num_input_tokens", False))
+        want_outputs = bool(scalar(request, "return_num_output_tokens", False))
+        kept: list[int] = []  # the output so far: the end token left out, cut after a stop word
         first = [0]
 
-        def stream(new: list[int]) -> None:
+        def on_tokens(chunk: list[int]) -> bool:
             first[0] = first[0] or time.time_ns()
-            if streaming and new:
-                sender.send(pb_utils.InferenceResponse(self._tokens(new)))
+            ended = end_id in chunk
+            chunk = chunk[: chunk.index(end_id)] if ended else chunk
+            for n in range(1, len(chunk) + 1):
+                if ends_with_any(prompt + kept + chunk[:n], stop_words):  # a word may begin in an earlier call
+                    chunk, ended = chunk[:n], True
+                    break
+            kept.extend(chunk)
+            if streaming and chunk:
+                sender.send(pb_utils.InferenceResponse(self._tokens(chunk)))
+            return ended
 
-        logits = None
-        if drafts:
-            q_logits = pb_utils.get_input_tensor_by_name(request, "draft_logits")
-            q = None
-            if q_logits is not None and q_logits.as_numpy().size:
-                values = np.array(q_logits.as_numpy(), dtype=np.float32)
-                vocab = self.engine.model.dims.vocab_size
-                if values.size != len(drafts) * vocab:
-                    raise RequestError(
-                        f"draft_logits has {values.size} values, want {len(drafts)} drafts x vocab {vocab}"
-                    )
-                q = torch.from_numpy(values.reshape(len(drafts), vocab))
-            out = self.engine.verify_drafts(prompt, drafts, q, sampling, generator, end_id, max_new, stop_words)
-            new, drafted, accepted = out.tokens, out.draft_tokens, out.accepted_tokens
-            steps = [Step(drafted, accepted, 0.0, (time.time_ns() - scheduled) / 1e9)]  # the caller drafted
-            stream(new)
-        elif self.runner is not None:
-            from trtspec.speculative.runner import GenerationParams
-
-            params = GenerationParams(
-                max_tokens=max_new, sampling=sampling, stop_token_ids=frozenset([end_id]), seed=generator.initial_seed()
+        def done(seq: Sequence, error: str | None) -> None:
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if error is not None or seq.result.finish_reason == "cancelled":
+                message = error or "request cancelled"
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=final)
+                return
+            stats = seq.result.stats
+            last = time.time_ns()
+            if not request_id.startswith(BLS_REQUEST_PREFIX):  # a BLS step: the BLS counts its request
+                first_token = first[0] or last
+                self.metrics.record(
+                    stats.step_log, (first_token - arrival) / 1e9, len(kept), (last - first_token) / 1e9
+                )
+            outputs = self._tokens([] if streaming else (kept if exclude else prompt + kept))
+            if want_logits:
+                v = self.engine.target.dims.vocab_size
+                values = torch.stack(seq.logits[: len(kept)]).numpy() if kept else np.zeros((0, v), np.float32)
+                outputs.append(array("generation_logits", values[None, None], np.float32))
+            outputs += perf_tensors(
+                arrival, seq.admitted_ns or arrival, first[0] or last, last, stats.draft_tokens, stats.accepted_tokens
             )
-            self._kv(len(prompt) + max_new + self.runner.num_draft_tokens + 2)
-            kept: list[int] = []  # the output so far, cut after a stop word
+            if want_inputs:
+                outputs.append(array("num_input_tokens", [[len(prompt)]], np.int32))
+            if want_outputs:
+                outputs.append(array("num_output_tokens", [[len(kept)]], np.int32))
+            sender.send(pb_utils.InferenceResponse(outputs), flags=final)
 
-            def on_tokens(_row: int, chunk: list[int]) -> bool:
-                chunk = [t for t in chunk if t != end_id]
-                for n in range(1, len(chunk) + 1):
-                    if ends_with_any(prompt + kept + chunk[:n], stop_words):
-                        chunk = chunk[:n]
-                        kept.extend(chunk)
-                        stream(chunk)
-                        return True  # the runner stops this request
-                kept.extend(chunk)
-                stream(chunk)
-                return False
-
-            try:
-                g = self.runner.generate([prompt], params, on_tokens=on_tokens)[0]
-            finally:
-                self._kv()
-            new = kept
-            drafted, accepted, steps = g.stats.draft_tokens, g.stats.accepted_tokens, g.stats.step_log
-        else:
-            out = self.engine.decode(
-                prompt, max_new, sampling, generator, end_id, keep_logits=want_logits,
-                on_token=lambda t: stream([t]), stop_sequences=stop_words, min_tokens=min_tokens,
-            )  # fmt: skip
-            new, drafted, accepted, logits, steps = out.tokens, 0, 0, out.logits, []
-        last = time.time_ns()
-        self._kv()
-        if not request.request_id().startswith(BLS_REQUEST_PREFIX):  # a BLS step: the BLS counts its request
-            first_token = first[0] or last
-            self.metrics.record(steps, (first_token - arrival) / 1e9, len(new), (last - first_token) / 1e9)
-        tokens = [] if streaming else (new if exclude else prompt + new)
-        outputs = self._tokens(tokens)
-        if want_logits:
-            v = self.engine.model.dims.vocab_size
-            values = logits.numpy() if logits is not None else np.zeros((0, v), dtype=np.float32)
-            outputs.append(array("generation_logits", values[None, None], np.float32))
-        outputs += perf_tensors(arrival, scheduled, first[0] or last, last, drafted, accepted)
-        if bool(scalar(request, "return_num_input_tokens", False)):
-            outputs.append(array("num_input_tokens", [[len(prompt)]], np.int32))
-        if bool(scalar(request, "return_num_output_tokens", False)):
-            outputs.append(array("num_output_tokens", [[len(new)]], np.int32))
-        return pb_utils.InferenceResponse(outputs)
+        request_id = request.request_id()
+        params = GenerationParams(
+            max_tokens=min(max_new, len(drafts) + 1) if drafts else max_new,
+            sampling=sampling,
+            stop_token_ids=frozenset([end_id]),
+        )
+        seq = Sequence(
+            prompt,
+            params,
+            on_tokens=on_tokens,
+            generator=generator,
+            drafts=drafts or None,
+            draft_logits=self._draft_logits(request, drafts) if drafts else None,
+            min_tokens=min_tokens,
+            keep_logits=want_logits,
+        )
+        self.loop.submit(seq, done, is_cancelled=request.is_cancelled)
 
     @staticmethod
     def _tokens(tokens: list[int]) -> list:
         return [array("output_ids", [[tokens]], np.int32), array("sequence_length", [[len(tokens)]], np.int32)]
 
     def finalize(self) -> None:
+        self.loop.close()
         self.metrics.close()
-        self.engine = self.runner = None
+        self.engine = None
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value else None
 
 
 class _TokenizerModel(PythonModel):
@@ -445,7 +472,6 @@ class BLSModel(PythonModel):
     def answer(self, request, sender):
         import triton_python_backend_utils as pb_utils
 
-        from trtspec.speculative.engine_session import ends_with_any
         from trtspec.speculative.runner import Step
 
         arrival = time.time_ns()

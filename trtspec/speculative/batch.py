@@ -92,6 +92,12 @@ class Sequence:
     on_tokens: ChunkCallback | None = None
     generator: torch.Generator | None = None  # default: seeded from params.seed, else the global RNG
     cancelled: bool = False  # set from any thread; the engine drops the sequence before its next step
+    # TensorRT-LLM's draft_input_ids: verify these drafts after `prompt` in one step, no first token of its own
+    drafts: list[int] | None = None
+    draft_logits: torch.Tensor | None = None  # [len(drafts), V] logits they were drawn from; None: one-hot
+    min_tokens: int = 0  # stop tokens cannot be drawn before this many (plain decoding only)
+    keep_logits: bool = False  # keep each output token's logits in `logits` (plain decoding only)
+    logits: list[torch.Tensor] = field(default_factory=list, repr=False)
     # the engine's bookkeeping
     slot: int = -1
     fed: int = 0  # prompt positions in the target's cache
@@ -103,8 +109,13 @@ class Sequence:
     result: Generation | None = None
 
     @property
+    def prefill_target(self) -> int:
+        """Prompt positions to cache before decoding: all, or all but the last when verifying given drafts."""
+        return len(self.prompt) - (1 if self.drafts is not None else 0)
+
+    @property
     def prefilled(self) -> bool:
-        return self.fed == len(self.prompt)
+        return self.fed == self.prefill_target
 
 
 class KPolicy:
@@ -179,8 +190,10 @@ class BatchEngine:
             raise ValueError("every prompt needs at least one token")
         if seq.params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {seq.params.max_tokens}")
-        seq.num_draft_tokens = self._k_of(seq.params)
-        need = self.positions_needed(len(seq.prompt), seq.params)
+        if seq.drafts is not None and self.drafter is not None:  # its caches would not follow the given drafts
+            raise ValueError("this model drafts its own tokens: draft_input_ids are for a model without a drafter")
+        seq.num_draft_tokens = len(seq.drafts) if seq.drafts is not None else self._k_of(seq.params)
+        need = len(seq.prompt) + seq.params.max_tokens + seq.num_draft_tokens + 2
         if need > self.capacity:
             raise ValueError(
                 f"prompt ({len(seq.prompt)}) + max_tokens ({seq.params.max_tokens}) + drafts "
@@ -273,7 +286,8 @@ class BatchEngine:
         if running:
             index = torch.tensor([s.slot for s in running], device=self.device)
             limits = torch.tensor([s.params.max_tokens for s in running], device=self.device)
-            done = (self.stopped[index] | (self.produced[index] >= limits)).tolist()
+            verified = torch.tensor([s.drafts is not None and bool(s.step_log) for s in running], device=self.device)
+            done = (self.stopped[index] | (self.produced[index] >= limits) | verified).tolist()
             finished += self._finish([s for s, d in zip(running, done, strict=True) if d], None)
         return finished
 
@@ -281,7 +295,7 @@ class BatchEngine:
         left = float("inf") if budget is None else max(budget, 0)
         chunks = []
         for seq in seqs:
-            n = min(len(seq.prompt) - seq.fed, left)
+            n = min(seq.prefill_target - seq.fed, left)
             if n <= 0:
                 break
             chunks.append((seq, int(n)))
@@ -300,11 +314,13 @@ class BatchEngine:
         for seq, n in chunks:
             seq.fed += n
             self.cached[seq.slot] = seq.fed
-        done = [i for i, (seq, _) in enumerate(chunks) if seq.prefilled]
+        # rows whose prompt is now cached draw their first token, except those verifying given drafts
+        done = [i for i, (seq, _) in enumerate(chunks) if seq.prefilled and seq.drafts is None]
         if done:
             rows = torch.tensor(done, device=self.device)
             last = out.logits[rows, -1] if not self.needs_hidden else out.logits[rows, counts[rows] - 1]
             seqs = [chunks[i][0] for i in done]
+            last = self._plain_logits(seqs, last)
             first, _ = RowSampling([(s.params.sampling, s.generator) for s in seqs], self.device).draw(last)
             ones = torch.ones(len(seqs), dtype=torch.long, device=self.device)
             self._commit(seqs, first[:, None], ones)
@@ -319,23 +335,30 @@ class BatchEngine:
         self.state.sampling = sampling
         old = self.state.lengths[idx].clone()
         remaining = torch.tensor([s.params.max_tokens for s in seqs], device=self.device) - self.produced[idx]
-        k_rows = torch.tensor([min(s.num_draft_tokens, k_policy) for s in seqs], device=self.device)
+        k_rows = torch.tensor(
+            [s.num_draft_tokens if s.drafts is not None else min(s.num_draft_tokens, k_policy) for s in seqs],
+            device=self.device,
+        )
         k_rows = torch.minimum(k_rows, remaining - 1).clamp_min(0)
         k = int(k_rows.max())
         n = len(seqs)
         t0 = time.perf_counter()
-        if k > 0:
+        drafting = self.drafter is not None and any(s.drafts is None for s in seqs)
+        if k > 0 and drafting:
             proposal = self.drafter.propose(self.state, k, slots)
             drafts, q = proposal.tokens, proposal.probs
             num_drafts = torch.minimum(proposal.num_drafts, k_rows)
         else:
-            drafts, q = torch.zeros(n, 0, dtype=torch.long, device=self.device), None
+            drafts, q = torch.zeros(n, k, dtype=torch.long, device=self.device), None
             num_drafts = torch.zeros(n, dtype=torch.long, device=self.device)
+        if any(s.drafts is not None for s in seqs):
+            drafts, q, num_drafts = self._given_drafts(seqs, drafts, q, num_drafts, k_rows)
         t1 = time.perf_counter()
         step_tokens = torch.cat([self.state.tokens[idx, old - 1][:, None], drafts], dim=1)
         positions = (old - 1)[:, None] + torch.arange(k + 1, device=self.device)[None, :]
         out = self.target(step_tokens, positions, self.cache, slots=slots)
-        result = sampling.verify(drafts, q, out.logits, num_drafts, self.verify_fn)
+        logits = out.logits if k > 0 else self._plain_logits(seqs, out.logits[:, 0])[:, None]
+        result = sampling.verify(drafts, q, logits, num_drafts, self.verify_fn)
         if self.needs_hidden:
             self.state.target_hidden[idx[:, None], positions] = out.hidden
         t2 = time.perf_counter()
@@ -347,12 +370,45 @@ class BatchEngine:
             seq.step_log.append(Step(d, a, t1 - t0, t2 - t1))
         self._commit(seqs, result.tokens, m + 1)
         self.cached[idx] = self.state.lengths[idx] - 1
-        if k > 0:
+        if k > 0 and drafting:
             self.drafter.commit(self.state, old, k, slots)
         self.last_k, self.last_batch = k, n
         self.policy.observe(
             n, k, t2 - t0, (pos < num_drafts[:, None]).sum(0).tolist(), (pos < m[:, None]).sum(0).tolist()
         )
+
+    def _given_drafts(self, seqs, drafts, q, num_drafts, k_rows):
+        """Put the drafts a request brought (and the distribution each was drawn from) into the step's batch."""
+        k, vocab = drafts.shape[1], self.target.dims.vocab_size
+        drafts, num_drafts = drafts.clone(), num_drafts.clone()
+        with_q = q is not None or any(s.draft_logits is not None for s in seqs if s.drafts is not None)
+        if with_q and q is None:  # rows without a distribution are one-hot on their drafts
+            q = torch.zeros(len(seqs), k, vocab, device=self.device).scatter_(-1, drafts[..., None], 1.0)
+        for i, seq in enumerate(seqs):
+            if seq.drafts is None:
+                continue
+            n = int(k_rows[i])
+            drafts[i, :n] = torch.tensor(seq.drafts[:n], dtype=torch.long, device=self.device)
+            num_drafts[i] = n
+            if q is not None:
+                q[i] = 0.0
+                if seq.draft_logits is not None:
+                    q[i, :n] = probs_from_logits(seq.draft_logits[:n].to(self.device), seq.params.sampling)
+                else:
+                    q[i].scatter_(-1, drafts[i, :, None], 1.0)
+        return drafts, q, num_drafts
+
+    def _plain_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] a plain-decoding token is drawn from: stop tokens banned before min_tokens; kept if asked."""
+        if any(s.min_tokens for s in seqs):
+            logits = logits.clone()
+            for i, seq in enumerate(seqs):
+                if seq.min_tokens > int(self.produced[seq.slot]) and seq.params.stop_token_ids:
+                    logits[i, sorted(seq.params.stop_token_ids)] = float("-inf")
+        for i, seq in enumerate(seqs):
+            if seq.keep_logits:
+                seq.logits.append(logits[i].float().clone())
+        return logits
 
     def _commit(self, seqs: list[Sequence], new: torch.Tensor, count: torch.Tensor) -> None:
         """Append the first `count` of each row's `new` tokens, honouring stops and max_tokens."""

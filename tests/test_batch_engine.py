@@ -1,0 +1,273 @@
+"""The in-flight batching engine: rows join and leave mid-flight and still give what they give alone.
+
+Greedy text per request equals running it alone whatever joins or leaves around it, with chunked
+prefill and prefix reuse; sampled rows that joined mid-flight follow the target exactly (chi-square
+against the enumerated distribution, and a planted bug in the same setting fails); a cancelled
+sequence frees its slot for the next; a request that can never fit is refused without disturbing
+the others; given drafts (the engine flavour's BLS) reproduce plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_lossless import PROMPT, T1, V, chi_square, exact_joint
+from tiny_models import make_checkpoint
+
+from trtspec.speculative.batch import Sequence
+from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter
+from trtspec.speculative.model import load_transformer
+from trtspec.speculative.planted import PLANTED
+from trtspec.speculative.policy import AdaptiveK, FixedK, batch_sizes, calibrate
+from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+from trtspec.speculative.sampling import SamplingParams
+
+PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13], [3, 4, 5, 6, 8, 9], [20] * 12, [7]]
+GREEDY = GenerationParams(max_tokens=20)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    target = load_transformer(
+        make_checkpoint(root / "t", vocab=50, hidden=32, layers=2, heads=4, kv_heads=2, mtp_layers=2, seed=1)
+    )
+    # the draft is the target with a perturbed head: agrees often, not always
+    draft = load_transformer(make_checkpoint(root / "d", vocab=50, hidden=32, layers=2, heads=4, kv_heads=2, seed=1))
+    noise = torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        draft.lm_head.weight.add_(0.05 * noise)
+    return target, draft
+
+
+def runners(pair) -> dict[str, SpeculativeRunner]:
+    target, draft = pair
+    return {
+        "none": SpeculativeRunner(target, max_len=128),
+        "draft-target": SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=3, max_len=128),
+        "mtp": SpeculativeRunner(target, MTPDrafter(target), num_draft_tokens=3, max_len=128),
+    }
+
+
+def staggered(engine, prompts, params, every: int = 2) -> list[Sequence]:
+    """Add one sequence every `every` steps, then run until all are done."""
+    seqs = []
+    for prompt in prompts:
+        seq = Sequence(prompt, params)
+        engine.add(seq)
+        seqs.append(seq)
+        for _ in range(every):
+            engine.step()
+    while engine.has_work():
+        engine.step()
+    return seqs
+
+
+@pytest.mark.parametrize("mode", ["none", "draft-target", "mtp"])
+@pytest.mark.parametrize("budget", [None, 7])
+def test_rows_joining_and_leaving_mid_flight_give_the_text_they_give_alone(pair, mode, budget):
+    runner = runners(pair)[mode]
+    alone = [runner.generate([p], GREEDY)[0].tokens for p in PROMPTS]
+    engine = runner.engine(slots=3, capacity=128, max_num_tokens=budget)  # fewer slots than prompts: some wait
+    seqs = staggered(engine, PROMPTS * 2, GREEDY)
+    assert [s.result.tokens for s in seqs] == alone * 2
+    # the second round found every prompt's prefix left in a slot by the first
+    assert sum(s.result.stats.reused_prompt_tokens for s in seqs[len(PROMPTS) :]) > 0
+    assert engine.running == 0 and engine.free == {0, 1, 2}
+
+
+def test_chunked_prefill_keeps_each_step_within_max_num_tokens(pair):
+    target, _ = pair
+    engine = SpeculativeRunner(target, max_len=128).engine(slots=4, capacity=128, max_num_tokens=6)
+    per_step: list[int] = []
+    original_forward, original_step = target.forward, engine.step
+
+    def forward(tokens, positions, cache, last_only=False, slots=None):
+        per_step[-1] += sum(len(set(row)) for row in positions.tolist())  # padding repeats a position
+        return original_forward(tokens, positions, cache, last_only, slots)
+
+    def step():
+        per_step.append(0)
+        return original_step()
+
+    target.forward, engine.step = forward, step
+    try:
+        seqs = staggered(engine, [list(range(3, 25)), [5, 6, 7], list(range(30, 45))], GenerationParams(max_tokens=8))
+    finally:
+        del target.forward
+    assert [s.result.stats.output_tokens for s in seqs] == [8, 8, 8]
+    assert max(per_step) == 6  # a 22-token prompt went in over several steps, beside the others' decoding
+    assert seqs[0].result.tokens == SpeculativeRunner(target).generate([list(range(3, 25))], GREEDY)[0].tokens[:8]
+
+
+def test_a_cancelled_sequence_frees_its_slot_for_a_waiting_one(pair):
+    target, draft = pair
+    engine = SpeculativeRunner(target, DraftModelDrafter(draft), 3, max_len=128).engine(slots=1, capacity=128)
+    first, second = Sequence(PROMPTS[0], GenerationParams(max_tokens=60)), Sequence(PROMPTS[1], GREEDY)
+    engine.add(first)
+    engine.add(second)
+    engine.step()
+    engine.step()
+    assert engine.running == 1 and list(engine.waiting) == [second]
+    first.cancelled = True
+    finished = engine.step()
+    assert first in finished and first.result.finish_reason == "cancelled"
+    assert 0 < first.result.stats.output_tokens < 60
+    assert second.slot == 0  # admitted into the freed slot in the same step
+    while engine.has_work():
+        engine.step()
+    assert second.result.tokens == runners(pair)["draft-target"].generate([PROMPTS[1]], GREEDY)[0].tokens
+
+
+def test_a_request_that_cannot_fit_is_refused_and_the_others_run_on(pair):
+    target, _ = pair
+    engine = SpeculativeRunner(target, max_len=64).engine(slots=2, capacity=64)
+    ok = Sequence(PROMPTS[0], GREEDY)
+    engine.add(ok)
+    engine.step()
+    with pytest.raises(ValueError, match=r"prompt \(5\) \+ max_tokens \(100\) \+ drafts \(0\) exceed .* 64 positions"):
+        engine.add(Sequence(PROMPTS[0], GenerationParams(max_tokens=100)))
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.add(Sequence([], GREEDY))
+    while engine.has_work():
+        engine.step()
+    assert ok.result.tokens == SpeculativeRunner(target).generate([PROMPTS[0]], GREEDY)[0].tokens
+
+
+def test_seeded_rows_draw_the_same_tokens_whoever_shares_their_batch(pair):
+    target, draft = pair
+    runner = SpeculativeRunner(target, DraftModelDrafter(draft), 3, max_len=128)
+    params = GenerationParams(max_tokens=16, sampling=SamplingParams(temperature=1.0), seed=11)
+    alone = runner.generate([PROMPTS[2]], params)[0].tokens
+    engine = runner.engine(slots=4, capacity=128)
+    noise = [Sequence(p, GenerationParams(max_tokens=16, sampling=T1, seed=i)) for i, p in enumerate(PROMPTS[:3])]
+    for seq in noise:
+        engine.add(seq)
+    engine.step()
+    mine = Sequence(PROMPTS[2], params)
+    engine.add(mine)
+    while engine.has_work():
+        engine.step()
+    assert mine.result.tokens == alone
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", [None, "residual-from-p"])
+def test_rows_that_join_mid_flight_follow_the_target_exactly(tmp_path_factory, bug):
+    """Sampled rows admitted as others finish, beside greedy rows of another prompt: chi-square
+    against the enumerated joint distribution passes, and with a planted verification bug fails."""
+    root = tmp_path_factory.mktemp("mixed")
+    target = load_transformer(make_checkpoint(root / "target", vocab=V, layers=2, mtp_layers=2, seed=11))
+    draft = load_transformer(make_checkpoint(root / "draft", vocab=V, layers=1, seed=12))
+    verify_fn = PLANTED[bug] if bug else None
+    runner = SpeculativeRunner(
+        target, DraftModelDrafter(draft), 2, max_len=32, **({"verify_fn": verify_fn} if bug else {})
+    )
+    engine = runner.engine(slots=512, capacity=32)
+    generator = torch.Generator().manual_seed(3)  # one generator for the sampled rows: they draw as one group
+    sampled = GenerationParams(max_tokens=4, sampling=T1)
+    n, seqs = 30_000, []
+    while len(seqs) < n or engine.has_work():
+        for _ in range(min(200, n - len(seqs))):  # a wave of arrivals before every step
+            seqs.append(Sequence(PROMPT, sampled, generator=generator))
+            engine.add(seqs[-1])
+        if len(seqs) < n:
+            engine.add(Sequence([1, 2, 3, 4], GenerationParams(max_tokens=6)))  # greedy rows of another prompt
+        engine.step()
+    samples = np.array([s.result.tokens for s in seqs])
+    assert len({s.slot for s in seqs}) == 512  # rows really did take over slots others left
+    stat, p = chi_square(samples, exact_joint(target, T1))
+    if bug is None:
+        assert p > 1e-3, f"chi2 {stat:.1f}, p {p:.2e}"
+    else:
+        assert p < 1e-6, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the mixed-batch test cannot tell a broken sampler"
+
+
+def test_given_drafts_reproduce_plain_greedy_and_reuse_the_prefix(pair):
+    """The engine flavour's BLS loop: the draft model asked for K tokens, the target given them as drafts."""
+    target, draft = pair
+    draft_engine = SpeculativeRunner(draft, max_len=128).engine(slots=2, capacity=128)
+    target_engine = SpeculativeRunner(target, max_len=128).engine(slots=2, capacity=128)
+    prompt, k, drafted, accepted = [3, 4, 5, 6, 7], 3, 0, 0
+    seq = list(prompt)
+    while len(seq) - len(prompt) < 20:
+        n = min(k, 20 - (len(seq) - len(prompt)) - 1)
+        d = Sequence(seq, GenerationParams(max_tokens=n), keep_logits=True) if n > 0 else None
+        if d is not None:
+            run(draft_engine, d)
+        drafts = d.result.tokens if d else []
+        v = Sequence(seq, GenerationParams(max_tokens=len(drafts) + 1), drafts=drafts or None)
+        if d is not None:
+            v.draft_logits = torch.stack(d.logits)
+            assert v.draft_logits.shape == (len(drafts), 50)
+        run(target_engine, v)
+        drafted, accepted = drafted + v.result.stats.draft_tokens, accepted + v.result.stats.accepted_tokens
+        seq += v.result.tokens
+    plain = SpeculativeRunner(target).generate([prompt], GenerationParams(max_tokens=20))[0].tokens
+    assert seq[len(prompt) :] == plain
+    assert 0 < accepted < drafted  # the perturbed draft is right sometimes, wrong sometimes
+    # every call after the first resent the whole sequence; all but its newest tokens came from the slot
+    assert target_engine.rows == [None, None]
+    assert v.result.stats.reused_prompt_tokens >= len(seq) - len(v.result.tokens) - k - 2
+
+
+def run(engine, seq: Sequence) -> Sequence:
+    engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    return seq
+
+
+def test_draft_logits_equal_to_the_targets_are_always_accepted(pair):
+    # p == q makes min(1, p/q) = 1: any rejection would mean q was processed unlike p
+    target, _ = pair
+    engine = SpeculativeRunner(target, max_len=64).engine(slots=2, capacity=64)
+    sampling = SamplingParams(temperature=0.9, top_k=20, top_p=0.9)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        d = run(
+            engine,
+            Sequence([3, 4, 5], GenerationParams(max_tokens=4, sampling=sampling), generator=g, keep_logits=True),
+        )
+        v = Sequence([3, 4, 5], GenerationParams(max_tokens=5, sampling=sampling), generator=g, drafts=d.result.tokens)
+        v.draft_logits = torch.stack(d.logits)
+        run(engine, v)
+        assert v.result.stats.accepted_tokens == 4 and v.result.tokens[:4] == d.result.tokens
+
+
+def test_end_token_stops_and_min_tokens_holds_it_back(pair):
+    target, _ = pair
+    engine = SpeculativeRunner(target, max_len=64).engine(slots=2, capacity=64)
+    first = run(engine, Sequence([3, 4, 5], GenerationParams(max_tokens=6))).result.tokens
+    stop = frozenset({first[2]})
+    stopped = run(engine, Sequence([3, 4, 5], GenerationParams(max_tokens=6, stop_token_ids=stop))).result
+    assert stopped.finish_reason == "stop" and stopped.tokens == first[:3]
+    held = run(engine, Sequence([3, 4, 5], GenerationParams(max_tokens=6, stop_token_ids=stop), min_tokens=4))
+    assert first[2] not in held.result.tokens[:4] and held.result.stats.output_tokens >= 4
+
+
+def test_adaptive_k_turns_speculation_off_where_it_costs_and_on_where_it_pays():
+    policy = AdaptiveK(prior=[0.9, 0.8, 0.7])
+    # a memory-bound batch 1 (drafts nearly free) and a compute-bound batch 16 (each draft costs a step)
+    policy.costs = {1: {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3}, 16: {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}}
+    assert policy.k(1, 3) == 3
+    assert policy.k(16, 3) == 0
+    assert policy.table(3, [1, 16])[16] == {"k": 0, "speedup": 1.0}
+    assert AdaptiveK(prior=[0.9], costs=policy.costs, max_concurrency=8).k(1, 3) == 3
+    assert AdaptiveK(prior=[0.9], costs=policy.costs, max_concurrency=8).k(9, 3) == 0
+    assert FixedK(2, max_concurrency=4).k(4, 3) == 2 and FixedK(2, max_concurrency=4).k(5, 3) == 0
+    # measured acceptance replaces the prior: a draft that is always wrong is never worth its cost
+    for _ in range(20):
+        policy.observe(1, 3, 1.3, [1, 1, 1], [0, 0, 0])
+    assert policy.k(1, 3) == 0
+
+
+def test_calibration_measures_every_batch_size_and_k_and_leaves_the_engine_empty(pair):
+    target, draft = pair
+    engine = SpeculativeRunner(target, DraftModelDrafter(draft), 2, max_len=128).engine(slots=4, capacity=128)
+    policy = AdaptiveK()
+    calibrate(engine, policy, batch_sizes(4), reps=1)
+    assert set(policy.costs) >= {1, 2, 4} and all(set(policy.costs[b]) >= {0, 1, 2} for b in (1, 2, 4))
+    assert engine.running == 0 and not engine.waiting and int(engine.cached.sum()) == 0
+    assert policy.steps_with_drafts == 0  # drafts on random tokens say nothing about acceptance
