@@ -16,6 +16,7 @@ import yaml
 from conftest import CONFIGS, REPO
 
 from trtspec.bench.records import read_records
+from trtspec.demo import POLICIES
 from trtspec.serve.locate import find_tritonserver
 from trtspec.serve.server import Ports, free_ports, start_server, wait_ready
 from trtspec.speculative.planted import PLANTED, PLANTED_ENV
@@ -41,6 +42,7 @@ def trtspec(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Completed
 def serve_config(source: str, name: str, tmp: Path):
     data = yaml.safe_load((CONFIGS / source).read_text())
     data["name"] = name
+    data["speculation"]["policy"] = "fixed"  # the lossless check's power is computed for the config's K
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(data))
     for step in ("build", "package"):
@@ -290,25 +292,40 @@ def test_demo_runs_to_the_end(tmp_path):
     res = trtspec("demo", "--out", str(tmp_path / "demo"), "--requests", "4", cwd=tmp_path, timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     verdicts = {}
-    for pair in ("draft-target-vs-baseline", "mtp-vs-baseline"):
-        summary = json.loads((tmp_path / "demo" / "results" / pair / "summary.json").read_text())
-        assert summary["complete"] and (tmp_path / "demo" / "results" / pair / "report.html").exists()
-        # server-side acceptance on every speculative level, the same drafts the responses reported
-        for level in summary["levels"]:
-            a = level["targets"]["A"]
-            server, client = a["server_metrics"], a["acceptance"]
-            assert server["available"] and server["speculated_requests"] == 4, server
-            assert (server["draft_tokens"], server["accepted_tokens"]) == (
-                client["draft_tokens"],
-                client["accepted_draft_tokens"],
-            )
-            assert server["acceptance_rate"] == pytest.approx(client["acceptance_rate"])
-        verdicts[pair] = summary["lossless"]
-    # draft-target: PASS, with >= 80% power against each planted bug (MTP's is stated, whatever it is)
-    dt = verdicts["draft-target-vs-baseline"]
+    for mode in ("draft-target", "mtp"):
+        for policy in ("fixed", "adaptive"):
+            pair = f"{mode}-{policy}-vs-baseline"
+            summary = json.loads((tmp_path / "demo" / "results" / pair / "summary.json").read_text())
+            assert summary["complete"] and (tmp_path / "demo" / "results" / pair / "report.html").exists()
+            assert [lv["load"]["concurrency"] for lv in summary["levels"]] == [1, 2, 4, 8, 16]
+            # server-side acceptance on every level, the same drafts the responses reported
+            for level in summary["levels"]:
+                a = level["targets"]["A"]
+                server, client = a["server_metrics"], a["acceptance"]
+                # a fixed K drafts in every request; the adaptive policy may turn drafting off under load
+                speculated = server["speculated_requests"] if server["available"] else None
+                assert speculated == 4 if policy == "fixed" else speculated in range(5), server
+                assert (server["draft_tokens"], server["accepted_tokens"]) == (
+                    client["draft_tokens"],
+                    client["accepted_draft_tokens"],
+                )
+                if client["draft_tokens"]:
+                    assert server["acceptance_rate"] == pytest.approx(client["acceptance_rate"])
+            verdicts[pair] = summary["lossless"]
+    # the lossless check runs on the fixed-K servers, whose K its power is computed for
+    assert verdicts["draft-target-adaptive-vs-baseline"] is None and verdicts["mtp-adaptive-vs-baseline"] is None
+    dt = verdicts["draft-target-fixed-vs-baseline"]
     assert dt["verdict"] == "PASS" and min(dt["power"]["against_planted"].values()) >= 0.8, dt["power"]
-    mtp = verdicts["mtp-vs-baseline"]
+    mtp = verdicts["mtp-fixed-vs-baseline"]
     assert mtp["verdict"] == ("PASS" if min(mtp["power"]["against_planted"].values()) >= 0.8 else "inconclusive")
     # a pipe gets the full table: both modes' server-side acceptance beside the client's, and the verdicts
     assert "lossless check: PASS" in res.stdout and "server acc." in res.stdout
     assert "power against planted verification bugs" in res.stdout
+    # the curve: every server's tokens/s per level, and where each stops paying (or that it never did)
+    curve = json.loads((tmp_path / "demo" / "results" / "curve.json").read_text())
+    assert sorted(curve["stops_paying_at"]) == sorted(f"{m}-{p}" for m in ("draft-target", "mtp") for p in POLICIES)
+    assert sorted(curve["tokens_per_s"], key=int) == ["1", "2", "4", "8", "16"]
+    for name, crossed in curve["stops_paying_at"].items():
+        assert (f"{name}: stops paying at concurrency {crossed}" if crossed else f"{name}: pays at every level") in (
+            res.stdout
+        )

@@ -158,6 +158,9 @@ def test_llm_api_draft_target_options_match_the_documented_fields(tmp_path):
     newer = cfg.model_copy(update={"build": cfg.build.model_copy(update={"tensorrt_llm_version": "1.2.1"})})
     spec = recipes.llm_api_options(newer, 4, "/d")["speculative_config"]
     assert spec["speculative_model"] == "/d" and "speculative_model_dir" not in spec
+    assert "max_concurrency" not in spec  # unset: speculation at every batch size, TensorRT-LLM's default
+    capped = newer.model_copy(update={"speculation": newer.speculation.model_copy(update={"max_concurrency": 8})})
+    assert recipes.llm_api_options(capped, 4, "/d")["speculative_config"]["max_concurrency"] == 8
 
 
 def test_llm_api_mtp_options_match_nvidia_blog():

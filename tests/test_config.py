@@ -149,6 +149,19 @@ MALFORMED = [
         "build.tp",
         "one device",
     ),
+    ("adaptive-on-engines", _with("speculation.policy", "adaptive"), "speculation.policy", "torch backend"),
+    ("bad-policy", _with("speculation.policy", "greedy"), "speculation.policy", "must be one of"),
+    ("cutoff-on-engines", _with("speculation.max_concurrency", 8), "speculation.max_concurrency", "pytorch backend"),
+    (
+        "cutoff-before-1.2",
+        {
+            **_with("speculation.max_concurrency", 8),
+            "build": {"backend": "pytorch", "tensorrt_llm_version": "1.1.0"},
+            "serve": {"flavour": "llmapi"},
+        },
+        "speculation.max_concurrency",
+        "needs TensorRT-LLM 1.2+",
+    ),
 ]
 
 

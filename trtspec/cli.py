@@ -474,7 +474,7 @@ def deploy(config: Path, kind: str, out: Path, force: bool) -> None:
 
 @cli.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("trtspec-demo"))
-@click.option("--requests", type=click.IntRange(2), default=8, help="Requests per load level and target.")
+@click.option("--requests", type=click.IntRange(2), default=32, help="Requests per load level and target.")
 @click.option("--lossless-samples", type=click.IntRange(20), help="Samples per side per context (default: enough).")
 def demo(out: Path, requests: int, lossless_samples: int | None) -> None:
     """Build, serve and A/B-bench the embedded pair (baseline, draft-target, MTP) with the lossless check."""

@@ -1,13 +1,16 @@
 """`trtspec demo`: the whole product on the embedded pair, on this machine, in a few minutes.
 
-It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour), serves
-each on its own real tritonserver, and benches each speculative mode against the baseline over
-gRPC streaming on the same prompts and schedule, with the lossless check; then prints the tables
-and where the reports are.
+It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour), each
+speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch), serves
+each on its own real tritonserver, and benches each against the baseline over gRPC streaming on the
+same prompts and schedule at concurrency 1 to 16, with the lossless check on the fixed-K servers
+(whose K the check's power is computed for); then prints the tables, the throughput curve with where
+speculation stops paying, and where the reports are.
 """
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,23 +19,30 @@ from rich.console import Console
 
 from trtspec.assets import ASSETS_DIR
 from trtspec.bench.datasets import from_file, load_tokenizer
+from trtspec.bench.results import BenchSummary
 from trtspec.bench.run import BenchOptions, run_bench
 from trtspec.bench.schedule import Load
 from trtspec.bench.tables import print_summary
 
 COMMON = {
     "target": {"checkpoint": "embedded:tiny-target", "dtype": "float32"},
-    "build": {"backend": "torch", "device": "cpu", "max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
+    "build": {"backend": "torch", "device": "cpu", "max_batch_size": 16, "max_input_len": 256, "max_seq_len": 512},
     "serve": {"flavour": "llmapi", "streaming": True},
 }
-MODES = {
-    "baseline": {"speculation": {"mode": "none"}},
+SPECULATIVE = {
     "draft-target": {
         "draft": {"checkpoint": "embedded:tiny-draft", "dtype": "float32"},
         "speculation": {"mode": "draft-target", "num_draft_tokens": 2},
     },
     "mtp": {"mtp": {"num_nextn_predict_layers": 2}, "speculation": {"mode": "mtp", "num_draft_tokens": 2}},
 }
+POLICIES = ("fixed", "adaptive")
+MODES = {"baseline": {"speculation": {"mode": "none"}}} | {
+    f"{mode}-{policy}": {**extra, "speculation": {**extra["speculation"], "policy": policy}}
+    for mode, extra in SPECULATIVE.items()
+    for policy in POLICIES
+}
+LEVELS = (1, 2, 4, 8, 16)
 
 
 def write_configs(workdir: Path) -> dict[str, Path]:
@@ -58,7 +68,7 @@ def write_configs(workdir: Path) -> dict[str, Path]:
 LOSSLESS = {"samples": 1000, "tokens": 4, "prompts": 1, "temperature": 1.0}
 
 
-def run_demo(workdir: Path, console: Console, requests: int = 8, lossless_samples: int = LOSSLESS["samples"]) -> int:
+def run_demo(workdir: Path, console: Console, requests: int = 32, lossless_samples: int = LOSSLESS["samples"]) -> int:
     from trtspec.build.builder import run_build
     from trtspec.config import load_config
     from trtspec.repository.package import package_repository
@@ -81,24 +91,75 @@ def run_demo(workdir: Path, console: Console, requests: int = 8, lossless_sample
         tokenizer = str(ASSETS_DIR / "tiny-target")
         prompts = from_file(load_tokenizer(tokenizer), ASSETS_DIR / "demo_prompts.jsonl", 48)
         failed = False
-        for mode in ("draft-target", "mtp"):
-            out = workdir / "results" / f"{mode}-vs-baseline"
-            pair = {"A": servers[mode], "B": servers["baseline"]}
+        curves: dict[str, BenchSummary] = {}
+        for name in MODES:
+            if name == "baseline":
+                continue
+            fixed = name.endswith("-fixed")
+            out = workdir / "results" / f"{name}-vs-baseline"
+            pair = {"A": servers[name], "B": servers["baseline"]}
             opts = BenchOptions(
                 targets={label: f"triton-grpc://localhost:{s.ports.grpc}/tensorrt_llm" for label, s in pair.items()},
                 metrics_urls={label: f"http://localhost:{s.ports.metrics}/metrics" for label, s in pair.items()},
-                levels=[Load(concurrency=1), Load(concurrency=4)], prompts=prompts, out_dir=out,
+                levels=[Load(concurrency=c) for c in LEVELS], prompts=prompts, out_dir=out,
                 num_requests=requests, warmup=2, max_tokens=48, fixed_length=True, tokenizer=tokenizer,
-                lossless=True, lossless_samples=lossless_samples, lossless_tokens=LOSSLESS["tokens"],
+                lossless=fixed, lossless_samples=lossless_samples, lossless_tokens=LOSSLESS["tokens"],
                 lossless_prompts=LOSSLESS["prompts"], lossless_temperature=LOSSLESS["temperature"],
-                lossless_reference=workdir / "configs" / f"demo-{mode}.yaml",
+                lossless_reference=workdir / "configs" / f"demo-{name}.yaml",
             )  # fmt: skip
-            console.print(f"\n[bold]{mode} (A) against the baseline (B)[/bold]")
+            console.print(f"\n[bold]{name} (A) against the baseline (B)[/bold]")
             summary = run_bench(opts, lambda _name, _record: None)
             print_summary(summary, console, out)
+            curves[name] = summary
             # an underpowered check is reported as inconclusive; only a FAIL or a broken run fails the demo
             failed = failed or (summary.lossless or {}).get("verdict") == "FAIL" or not summary.complete
+        print_curve(curves, console, workdir / "results" / "curve.json")
         return 1 if failed else 0
     finally:
         for server in servers.values():
             server.stop()
+
+
+def print_curve(curves: dict[str, BenchSummary], console: Console, path: Path) -> None:
+    """Output tokens/s per concurrency for the baseline and every speculative server, and where each stops paying."""
+    from rich.table import Table
+
+    from trtspec.bench.crossover import measured_crossover
+    from trtspec.fsutil import atomic_write_text
+
+    table = Table(title="Output tokens/s by concurrency (x the baseline measured beside it)")
+    table.add_column("concurrency", no_wrap=True)
+    table.add_column("baseline", no_wrap=True)
+    for name in curves:
+        table.add_column(name, no_wrap=True)
+    rows: dict[int, dict[str, float | None]] = {}
+    for name, summary in curves.items():
+        ratios = {row.level: row.throughput_ratio for row in summary.comparison or []}
+        for level in summary.levels:
+            row = rows.setdefault(level.load.concurrency, {})
+            row[name] = level.targets["A"].output_token_throughput
+            row[f"{name}:ratio"] = ratios.get(level.level)
+            row.setdefault("baseline", level.targets["B"].output_token_throughput)
+    for c, row in sorted(rows.items()):
+        cells = [_tps(row.get("baseline"))]
+        cells += [f"{_tps(row.get(n))} ({_ratio(row.get(f'{n}:ratio'))})" for n in curves]
+        table.add_row(str(c), *cells)
+    console.print(table)
+    crossings = {}
+    for name, summary in curves.items():
+        crossed, highest = measured_crossover(summary)
+        crossings[name] = crossed
+        console.print(
+            f"{name}: stops paying at concurrency {crossed}"
+            if crossed
+            else f"{name}: pays at every level up to {highest}"
+        )
+    atomic_write_text(path, json.dumps({"tokens_per_s": rows, "stops_paying_at": crossings}, indent=2))
+
+
+def _tps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"

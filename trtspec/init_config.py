@@ -29,6 +29,8 @@ COMMENTS: dict[str, str] = {
     "speculation.mode": "draft-target | mtp | none (baseline without speculation)",
     "speculation.num_draft_tokens": "tokens drafted per step, 1..16, or auto (trtspec plan measures and picks)",
     "speculation.use_draft_logits": "engine flavour: send draft logits to the target (needs gathered logits)",
+    "speculation.policy": "auto | fixed | adaptive (torch: K per running batch, 0 where speculation stops paying)",
+    "speculation.max_concurrency": "no speculation above this many running requests (pytorch 1.2+, torch)",
     "speculation.sampling": "defaults for requests that do not set them; temperature 0 is greedy",
     "build.backend": "tensorrt (compiled engines, TRT-LLM <= 1.2.x) | pytorch (LLM API) | torch (trtspec runner)",
     "build.tensorrt_llm_version": "the TensorRT-LLM in the serving container; engines only run on the same one",
@@ -79,6 +81,8 @@ def build_config_dict(
     data["speculation"] = {
         "mode": mode,
         "num_draft_tokens": 3 if mode == "mtp" else 4,
+        "policy": "auto",
+        "max_concurrency": None,
         "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 128},
     }
     data["build"] = {

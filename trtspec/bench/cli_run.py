@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from trtspec.bench.crossover import plan_check
 from trtspec.bench.datasets import LengthSpec, from_file, load_tokenizer, synthetic
 from trtspec.bench.load import default_workers
 from trtspec.bench.metrics import SLO
@@ -182,6 +183,10 @@ def bench_command(args: BenchArgs, console: Console) -> int:
         print(json.dumps(summary.to_json(), indent=2, default=str))
     else:
         print_summary(summary, console, opts.out_dir)
+        plan = resolve(args.target, args.protocol, args.host).plan
+        line = plan_check(summary, plan) if plan is not None and summary.comparison else None
+        if line:
+            console.print(line)
     code = 0
     if summary.aborted:
         console.print(f"[red]trtspec: error: {summary.aborted}; results so far kept in {opts.out_dir}[/red]")

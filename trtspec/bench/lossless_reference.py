@@ -40,6 +40,7 @@ class Reference:
     planted: dict[str, SpeculativeRunner]
     sampling: SamplingParams  # the served defaults (top-k, top-p) the bench's requests leave in place
     exact: bool  # whether the served target is this very runner: torch backend, unquantized
+    adaptive: bool = False  # the server picks K per running batch, so no fixed-K planted run is its sampler
 
     @property
     def stops(self) -> frozenset[int]:
@@ -119,4 +120,6 @@ def load_reference(config: Path) -> Reference:
     tokenizer = AutoTokenizer.from_pretrained(str(cfg.checkpoint_path(cfg.target)))
     s = cfg.speculation.sampling
     exact = cfg.build.backend == "torch" and cfg.target.quantization == "none"
-    return Reference(tokenizer, speculative, plain, planted, SamplingParams(s.temperature, s.top_k, s.top_p), exact)
+    adaptive = cfg.speculation.resolved_policy(cfg.build.backend) == "adaptive"
+    sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
+    return Reference(tokenizer, speculative, plain, planted, sampling, exact, adaptive)

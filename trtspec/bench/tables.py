@@ -143,7 +143,8 @@ def _lossless_line(lossless: dict) -> str:
         f" {lossless['temperature']:g}, first {lossless['first_tokens']} tokens x {s['samples_per_side']} samples"
         f" per side: chi-square p = [{p}] (fail below {s['bonferroni_bound']:.4f})"
     )
-    return line + _power_line(lossless.get("power"))
+    note = f"\n  note: {lossless['note']}" if lossless.get("note") else ""
+    return line + _power_line(lossless.get("power")) + note
 
 
 def _power_line(power: dict | None) -> str:

@@ -16,6 +16,7 @@ class ResolvedTarget:
     tokenizer: str | None = None
     extra: dict = field(default_factory=dict)
     metrics_url: str | None = None  # Triton's /metrics, for the server-side acceptance
+    plan: Path | None = None  # the config's plan.json (`trtspec plan`), whose crossover the bench checks
 
 
 def served_model(cfg) -> tuple[str, dict]:
@@ -44,4 +45,13 @@ def resolve(text: str, protocol: str = "triton-grpc", host: str = "localhost") -
     port = cfg.serve.grpc_port if protocol == "triton-grpc" else cfg.serve.http_port
     tokenizer = cfg.checkpoint_path(cfg.target)
     metrics = f"http://{host}:{cfg.serve.metrics_port}/metrics"
-    return ResolvedTarget(f"{protocol}://{host}:{port}/{model}", str(tokenizer) if tokenizer else None, extra, metrics)
+    from trtspec.build.builder import engine_dir_for
+
+    plan = engine_dir_for(cfg) / "plan.json"
+    return ResolvedTarget(
+        f"{protocol}://{host}:{port}/{model}",
+        str(tokenizer) if tokenizer else None,
+        extra,
+        metrics,
+        plan if plan.is_file() else None,
+    )
