@@ -22,7 +22,9 @@ from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 from trtspec.speculative.sampling import SamplingParams
 
-RANKING_SAMPLES = 32
+RANKING_SAMPLES = 64
+SHORTLIST = 4  # contexts the heuristic ranks highest, then tried against the planted bugs themselves
+TRIAL_SAMPLES = 300  # per side and bug when trying a shortlisted context
 BASELINE_FACTOR = 4  # target samples drawn in-process per served sample: cheap, and they buy power
 EXTENSIONS = (0, 3, 6, 9)  # greedy tokens appended to a prompt to make a candidate context
 
@@ -81,8 +83,27 @@ class Reference:
         return rejection * modal
 
     def choose(self, prompts: list[str], count: int, length: int, temperature: float) -> list[str]:
+        """The heuristic's shortlist, then the contexts where the planted bugs stand out most in a trial.
+
+        The heuristic alone is noisy (which of two close contexts wins changes with the random
+        stream, and the power between them can differ fivefold), so the shortlist is tried against
+        the bugs themselves on samples the check's own power estimate never reuses (other seeds)."""
         scored = sorted(((self.score(c, length, temperature), c) for c in self.contexts(prompts)), reverse=True)
-        return [c for _, c in scored[:count]]
+        shortlist = [c for _, c in scored[: max(count, SHORTLIST)]]
+        if len(shortlist) <= count:
+            return shortlist
+        tried = sorted(((self.trial(c, length, temperature), c) for c in shortlist), reverse=True)
+        return [c for _, c in tried[:count]]
+
+    def trial(self, context: str, length: int, temperature: float) -> float:
+        """How clearly the hardest-to-see planted bug shows at this context: its smallest chi-square z-score."""
+        base, _ = self.sample(self.plain, context, TRIAL_SAMPLES, length, temperature, seed=303)
+        scores = []
+        for runner in self.planted.values():
+            bugged, _ = self.sample(runner, context, TRIAL_SAMPLES, length, temperature, seed=404)
+            h = conditional_homogeneity(bugged, base)
+            scores.append((h.statistic - h.df) / max(1.0, (2 * h.df) ** 0.5))
+        return min(scores)
 
     def baseline(self, contexts: list[str], n: int, length: int, temperature: float) -> list[list[tuple[int, ...]]]:
         """The target's own samples per context: the check's B side, drawn in-process and batched."""
