@@ -1,10 +1,13 @@
 """The served torch models' scheduler: one thread runs the batch engine; requests join between steps.
 
 Triton hands execute() requests as they arrive; the model turns each into a `Sequence`, submits it
-here and returns at once, and this thread answers through the request's response sender (which the
-python backend allows from any thread, decoupled or not). A request that arrives while others run
-joins the running batch at the next step instead of waiting for them to finish: TensorRT-LLM's
-in-flight batching on the torch runner. A bug in a step fails the requests in flight, never the loop.
+here and returns at once. A request that arrives while others run joins the running batch at the
+next step instead of waiting for them to finish: TensorRT-LLM's in-flight batching on the torch
+runner. Everything that talks to Triton (streamed chunks, final responses through the request's
+response sender, which the python backend allows from any thread, metrics, asking whether a client
+went away) is an IPC round trip, so it runs on a second thread, in order, while the engine thread
+steps: with 16 rows a step would otherwise wait on dozens of them. A bug in a step fails the
+requests in flight, never the loop.
 """
 
 from __future__ import annotations
@@ -13,19 +16,39 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from trtspec.speculative.batch import BatchEngine, Sequence
 
 # done(sequence, error): error is None, or a one-line message for the client
 Done = Callable[[Sequence, str | None], None]
-CANCEL_POLL_S = 0.05  # how often running requests are asked whether their client went away
+CANCEL_POLL_S = 0.5  # how often running requests are asked whether their client went away
+REPORT_EVERY_S = 0.25  # how often the batch gauges follow the running batch (and always when it empties)
+
+
+@dataclass(frozen=True)
+class BatchSnapshot:
+    """The running batch as the metrics show it, taken on the engine thread between steps."""
+
+    running: int
+    waiting: int
+    k: int  # drafts per row in the latest step
+    kv_used: int  # target positions held by running requests
+    kv_capacity: int
+
+    @staticmethod
+    def of(engine: BatchEngine) -> BatchSnapshot:
+        used = sum(int(engine.state.lengths[s.slot]) for s in engine.rows if s is not None)
+        return BatchSnapshot(
+            engine.running, len(engine.waiting), engine.last_k, used, len(engine.rows) * engine.capacity
+        )
 
 
 class EngineLoop:
     def __init__(
         self,
         engine: BatchEngine,
-        on_step: Callable[[BatchEngine], None] | None = None,
+        on_step: Callable[[BatchSnapshot], None] | None = None,
         log_error: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -36,9 +59,28 @@ class EngineLoop:
         self.cancel_checks: dict[int, Callable[[], bool]] = {}
         self.wake = threading.Event()
         self.stopping = False
-        self.polled = 0.0
+        self.polled = self.reported = 0.0
+        self.outbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.responder = threading.Thread(target=self._respond, name="trtspec-responder", daemon=True)
+        self.responder.start()
         self.thread = threading.Thread(target=self._run, name="trtspec-engine", daemon=True)
         self.thread.start()
+
+    def defer(self, action: Callable[[], None]) -> None:
+        """Run `action` (a send to Triton) on the responder thread, after every action deferred before it."""
+        self.outbox.put(action)
+
+    def _respond(self) -> None:
+        while True:
+            action = self.outbox.get()
+            if action is None:
+                return
+            try:
+                action()
+            except Exception:  # answering failed (the client went away): nothing left to tell it
+                import traceback
+
+                self.log_error(traceback.format_exc())
 
     def submit(self, seq: Sequence, done: Done, is_cancelled: Callable[[], bool] | None = None) -> None:
         """Queue a sequence; `done` is called from the loop's thread when it finishes or is refused."""
@@ -49,6 +91,8 @@ class EngineLoop:
         self.stopping = True
         self.wake.set()
         self.thread.join(timeout)
+        self.outbox.put(None)
+        self.responder.join(timeout)
 
     def _take_inbox(self) -> None:
         while True:
@@ -59,22 +103,26 @@ class EngineLoop:
             try:
                 self.engine.add(seq)
             except ValueError as exc:  # could never fit a slot: refused, the others unaffected
-                done(seq, str(exc))
+                self.defer(lambda seq=seq, done=done, message=str(exc): done(seq, message))
                 continue
             self.done[id(seq)] = done
             if is_cancelled is not None:
                 self.cancel_checks[id(seq)] = is_cancelled
 
     def _poll_cancelled(self) -> None:
+        """Ask (on the responder thread) whether running requests' clients went away; the next step drops them."""
         now = time.monotonic()
-        if now - self.polled < CANCEL_POLL_S:
+        if now - self.polled < CANCEL_POLL_S or not self.cancel_checks:
             return
         self.polled = now
-        for seq in [*self.engine.rows, *self.engine.waiting]:
-            if seq is not None and not seq.cancelled:
-                check = self.cancel_checks.get(id(seq))
-                if check is not None and _safe(check):
+        watched = [(seq, self.cancel_checks.get(id(seq))) for seq in [*self.engine.rows, *self.engine.waiting] if seq]
+
+        def poll() -> None:
+            for seq, check in watched:
+                if check is not None and not seq.cancelled and _safe(check):
                     seq.cancelled = True
+
+        self.defer(poll)
 
     def _run(self) -> None:
         while not self.stopping:
@@ -93,21 +141,23 @@ class EngineLoop:
                 for seq in self.engine.reset():
                     self._finish(seq, "internal error in trtspec's batch engine (see the server log)")
                 continue
-            if self.on_step is not None:  # before answering: a client that reads the metrics next sees this step
-                self.on_step(self.engine)
+            self._report()  # before answering: a client that reads the metrics next sees this step
             for seq in finished:
                 self._finish(seq, None)
+
+    def _report(self) -> None:
+        now = time.monotonic()
+        if self.on_step is None or (now - self.reported < REPORT_EVERY_S and self.engine.has_work()):
+            return
+        self.reported = now
+        snapshot, report = BatchSnapshot.of(self.engine), self.on_step
+        self.defer(lambda: report(snapshot))
 
     def _finish(self, seq: Sequence, error: str | None) -> None:
         self.cancel_checks.pop(id(seq), None)
         done = self.done.pop(id(seq), None)
         if done is not None:
-            try:
-                done(seq, error)
-            except Exception:  # answering failed (the client went away): nothing left to tell it
-                import traceback
-
-                self.log_error(traceback.format_exc())
+            self.defer(lambda: done(seq, error))
 
 
 def _safe(check: Callable[[], bool]) -> bool:

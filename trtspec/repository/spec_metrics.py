@@ -13,12 +13,11 @@ acceptance rate = accepted / draft tokens and tokens per step = 1 + accepted / s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the deploy side reads the names here without importing torch
-    from trtspec.speculative.batch import BatchEngine
+    from trtspec.repository.engine_loop import BatchSnapshot
     from trtspec.speculative.runner import Step
 
 PREFIX = "trtspec_spec_decode_"
@@ -35,7 +34,6 @@ KV_POSITIONS = "trtspec_kv_cache_positions"
 RUNNING = "trtspec_batch_running_requests"
 DRAFT_LEN = PREFIX + "draft_len"
 GAUGES = (RUNNING, DRAFT_LEN)
-GAUGE_EVERY_S = 0.25  # the batch gauges follow the running batch at most this often (each write is an IPC call)
 COUNTERS = (REQUESTS, STEPS, DRAFT_TOKENS, ACCEPTED_TOKENS)
 HISTOGRAMS = (ACCEPTED_LENGTH, DRAFT_SECONDS, VERIFY_SECONDS, TTFT_SECONDS, ITL_SECONDS)
 SECONDS_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
@@ -86,7 +84,6 @@ class SpecMetrics:
         self._kv_mine = {"used": 0, "capacity": 0}  # this instance's share of the model-wide gauges
         self._failed = False
         self._gauges: dict = {}
-        self._gauged_at = 0.0
 
     def _guard(self, action) -> None:
         """A metric that cannot be written is logged once; it never fails the request it describes."""
@@ -113,13 +110,8 @@ class SpecMetrics:
 
         self._guard(update)
 
-    def batch(self, engine: BatchEngine) -> None:
-        """After an engine step: running and waiting requests, the K chosen, KV positions held."""
-        now = time.monotonic()
-        idle = not engine.has_work()  # the last step before idling is always shown: gauges never stick
-        if now - self._gauged_at < GAUGE_EVERY_S and not idle:
-            return
-        self._gauged_at = now
+    def batch(self, now: BatchSnapshot) -> None:
+        """The running batch after a step: requests running and waiting, the K chosen, KV positions held."""
 
         def update() -> None:
             if not self._gauges:
@@ -129,13 +121,12 @@ class SpecMetrics:
                     "waiting": f[RUNNING].Metric(labels={**self._labels, "state": "waiting"}),
                     "k": f[DRAFT_LEN].Metric(labels=self._labels),
                 }
-            self._gauges["running"].set(engine.running)
-            self._gauges["waiting"].set(len(engine.waiting))
-            self._gauges["k"].set(engine.last_k)
+            self._gauges["running"].set(now.running)
+            self._gauges["waiting"].set(now.waiting)
+            self._gauges["k"].set(now.k)
 
         self._guard(update)
-        used = sum(int(engine.state.lengths[s.slot]) for s in engine.rows if s is not None)
-        self.kv_cache(used, len(engine.rows) * engine.capacity)
+        self.kv_cache(now.kv_used, now.kv_capacity)
 
     def record(self, steps: Iterable[Step], first_token_s: float, output_tokens: int, decode_s: float) -> None:
         """One finished request; steps without drafts (plain decoding, the last token) count only the request.

@@ -250,7 +250,7 @@ class TensorRTLLMModel(BatchedPythonModel):
                     break
             kept.extend(chunk)
             if streaming and chunk:
-                sender.send(pb_utils.InferenceResponse(self._tokens(chunk)))
+                self.loop.defer(lambda chunk=list(chunk): sender.send(pb_utils.InferenceResponse(self._tokens(chunk))))
             return ended
 
         def done(seq: Sequence, error: str | None) -> None:

@@ -147,7 +147,10 @@ class TorchLLMAPIModel(BatchedPythonModel):
             if streaming and not text.endswith("\ufffd"):  # an incomplete UTF-8 sequence waits for more
                 safe = len(text) if stopped[0] else max(sent[0], len(text) - hold)
                 if safe > sent[0]:
-                    sender.send(pb_utils.InferenceResponse([string_tensor("text_output", text[sent[0] : safe])]))
+                    chunk = text[sent[0] : safe]
+                    self.loop.defer(
+                        lambda: sender.send(pb_utils.InferenceResponse([string_tensor("text_output", chunk)]))
+                    )
                     sent[0] = safe
             return stopped[0] is not None
 
