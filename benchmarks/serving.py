@@ -46,13 +46,17 @@ def held_out_prompts(count: int) -> list[str]:
     return [chunks[i * step][:400] for i in range(count)]
 
 
-def config_for(mode: str, flavour: str, workdir: Path):
+def config_for(mode: str, flavour: str, workdir: Path, name: str | None = None, overrides: dict | None = None):
+    """The embedded pair's config for `mode` served by `flavour`, built and packaged under `workdir`;
+    `overrides` updates its sections ({"build": {"max_batch_size": 16}, ...})."""
     data = yaml.safe_load((REPO / "configs" / MODES[mode]).read_text())
-    data["name"] = f"{flavour}-{mode}"
+    data["name"] = name or f"{flavour}-{mode}"
     data["serve"].update(flavour=flavour, streaming=not (flavour == "engine" and mode == "draft-target"))
+    for section, values in (overrides or {}).items():
+        data.setdefault(section, {}).update(values)
     data["build"]["output_dir"] = str(workdir / "engines")
     data["serve"]["repository"] = str(workdir / "model_repository")
-    path = workdir / f"{flavour}-{mode}.yaml"
+    path = workdir / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data))
     return load_config(path)
 

@@ -261,6 +261,11 @@ def test_adaptive_k_turns_speculation_off_where_it_costs_and_on_where_it_pays():
     for _ in range(20):
         policy.observe(1, 3, 1.3, [1, 1, 1], [0, 0, 0])
     assert policy.k(1, 3) == 0
+    # the first step after a change of K (the drafter catching up) does not count as that K's cost
+    policy.observe(1, 0, 9.0, [], [])
+    assert policy.costs[1][0] == 1.0
+    policy.observe(1, 0, 2.0, [], [])
+    assert policy.costs[1][0] == pytest.approx(1.1)
 
 
 def test_calibration_measures_every_batch_size_and_k_and_leaves_the_engine_empty(pair):

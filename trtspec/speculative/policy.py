@@ -26,7 +26,8 @@ from trtspec.speculative.requests import GenerationParams
 POLICIES = ("fixed", "adaptive")
 PRIOR_STEPS = 16  # steps with drafts before measured acceptance replaces the prior
 PRIOR_RATE = 0.6  # conditional acceptance per position assumed until then
-EXPLORE_EVERY = 64  # while K = 0 wins, one step in this many drafts k_max so acceptance stays measured
+EXPLORE_EVERY = 64  # while K = 0 wins, every this many steps k_max is tried again ...
+EXPLORE_STEPS = 4  # ... for this many steps: the first after a change of K is not timed (see observe)
 COST_EMA = 0.1  # weight of a new step time in the running estimate
 
 
@@ -54,6 +55,8 @@ class AdaptiveK(KPolicy):
     decisions: int = 0
     forced: int | None = None  # calibration runs a given K
     last_seconds: float = 0.0
+    previous_k: int = -1
+    exploring: int = 0  # steps left at k_max
 
     def prepare(self, engine: BatchEngine) -> None:
         """Step costs at the batch sizes the engine can run, measured before the first request."""
@@ -104,13 +107,19 @@ class AdaptiveK(KPolicy):
         best = max(scored, key=lambda k: scored[k])
         self.decisions += 1
         if best == 0 and self.decisions % EXPLORE_EVERY == 0:
+            self.exploring = EXPLORE_STEPS
+        if self.exploring:
+            self.exploring -= 1
             return k_max
         return best
 
     def observe(self, batch: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         self.last_seconds = seconds
+        changed, self.previous_k = k != self.previous_k, k
+        # the first step after a change of K also pays for it (a drafter catching up on what it skipped)
         row = self.costs.setdefault(batch, {})
-        row[k] = seconds if k not in row else (1 - COST_EMA) * row[k] + COST_EMA * seconds
+        if not changed or k not in row:
+            row[k] = seconds if k not in row else (1 - COST_EMA) * row[k] + COST_EMA * seconds
         if k == 0 or not drafted or drafted[0] == 0 or self.forced is not None:
             return  # calibration steps draft from random tokens: their acceptance means nothing
         width = max(len(self.drafted), len(drafted))
@@ -150,16 +159,17 @@ def calibrate(engine: BatchEngine, policy: AdaptiveK, batches: list[int], prompt
             ]
             limit = engine.capacity - prompt_tokens - k_max - 2
             for seq in seqs:
-                seq.params = GenerationParams(max_tokens=max(1, min(limit, (k_max + 1) * (reps + 1) * (k_max + 1))))
+                seq.params = GenerationParams(max_tokens=max(1, min(limit, (k_max + 1) * (reps + 2) * (k_max + 1))))
                 engine.add(seq)
             while any(not s.prefilled for s in seqs):
                 engine.step()
             for k in range(k_max + 1):
                 policy.forced = k
                 times = []
-                for _ in range(reps):
+                for rep in range(reps + 1):
                     engine.step()
-                    times.append(policy.last_seconds)
+                    if rep:  # the first step at a new K catches the drafter up: not the steady cost
+                        times.append(policy.last_seconds)
                 policy.costs[batch][k] = statistics.median(times)
             for seq in seqs:
                 seq.cancelled = True
