@@ -110,6 +110,11 @@ def test_a_cancelled_sequence_frees_its_slot_for_a_waiting_one(pair):
     engine.step()
     engine.step()
     assert engine.running == 1 and list(engine.waiting) == [second]
+    third = Sequence(PROMPTS[2], GREEDY)
+    engine.add(third)
+    third.cancelled = True  # a waiting request whose client went away leaves the queue at once
+    assert third in engine.step() and third.result.finish_reason == "cancelled" and third.slot == -1
+    assert list(engine.waiting) == [second]
     first.cancelled = True
     finished = engine.step()
     assert first in finished and first.result.finish_reason == "cancelled"

@@ -272,7 +272,10 @@ class BatchEngine:
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
         """Admit, feed prompts, run one speculative step; returns the sequences that finished."""
-        finished = self._finish([s for s in self.rows if s is not None and s.cancelled], "cancelled")
+        gone = [s for s in self.waiting if s.cancelled]  # while every slot is busy, too
+        for seq in gone:
+            self.waiting.remove(seq)
+        finished = self._finish([s for s in self.rows if s is not None and s.cancelled] + gone, "cancelled")
         self._admit(finished)
         decoding = [s for s in self.rows if s is not None and s.prefilled]
         k = self.policy.k(len(decoding), self.num_draft_tokens) if decoding else 0
