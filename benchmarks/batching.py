@@ -1,5 +1,7 @@
-"""Does in-flight batching scale, and does adaptive speculation keep up with it? The served throughput and
-latency curve over closed-loop concurrency for the embedded tiny pair, through a real tritonserver.
+"""Served throughput and latency over closed-loop concurrency 1-16 for the embedded tiny pair.
+
+Does in-flight batching scale, and does adaptive speculation keep up with it? Measured through a real
+tritonserver, every figure a ratio of runs made in this one process.
 
 Runs (flavour llmapi, build.max_batch_size 16, greedy, streaming so TTFT is measured by the client):
 the baseline (no speculation), and draft-target and MTP each with `speculation.policy: fixed` (the
@@ -16,7 +18,7 @@ speculation; adaptive / baseline >= 0.97 at every level; adaptive / best fixed K
 p99 at c=16 < end-to-end p50 at c=1 (waiting behind a whole request would take at least that).
 
     python benchmarks/batching.py [--levels 1,2,4,8,16] [--max-tokens 64] [--ks 1,2,3,4] [--scale 1.0]
-        [--out results/batching.json]
+        [--rounds 2] [--out results/batching.json]
 """
 
 from __future__ import annotations
