@@ -311,7 +311,9 @@ class BatchEngine:
         counts = torch.tensor([n for _, n in chunks], device=self.device)
         tokens = _window(self.state.tokens, starts, counts, slots.index)
         positions = _positions(starts, counts)
-        out = self.target(tokens, positions, self.cache, last_only=not self.needs_hidden, slots=slots)
+        # logits only at each row's last column (the padding repeats the last real position); the
+        # hidden states MTP reads come back for every position either way
+        out = self.target(tokens, positions, self.cache, last_only=True, slots=slots)
         if self.needs_hidden:
             self.state.target_hidden[slots.index[:, None], positions] = out.hidden
         for seq, n in chunks:
@@ -321,7 +323,7 @@ class BatchEngine:
         done = [i for i, (seq, _) in enumerate(chunks) if seq.prefilled and seq.drafts is None]
         if done:
             rows = torch.tensor(done, device=self.device)
-            last = out.logits[rows, -1] if not self.needs_hidden else out.logits[rows, counts[rows] - 1]
+            last = out.logits[rows, -1]
             seqs = [chunks[i][0] for i in done]
             last = self._plain_logits(seqs, last)
             first, _ = RowSampling([(s.params.sampling, s.generator) for s in seqs], self.device).draw(last)
