@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
-from trtspec.errors import ConfigError
+from trtspec.errors import ConfigError, shorten
 from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS, minor
 
 MAX_DRAFT_TOKENS = 16
@@ -44,9 +45,22 @@ def _trtllm_version(value: str) -> str:
     return value
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
-Port = Annotated[int, Field(ge=1, le=65535)]
-Fraction = Annotated[float, Field(gt=0.0, le=1.0)]  # (0, 1]
+def _no_bool(kind: str, what: str) -> BeforeValidator:
+    """YAML's true/false are not numbers: pydantic's lax mode would read `num_draft_tokens: true` as 1."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise PydanticCustomError(kind, f"Input should be {what}")
+        return value
+
+    return BeforeValidator(check)
+
+
+Int = Annotated[int, _no_bool("int_type", "a valid integer")]
+Float = Annotated[float, _no_bool("float_type", "a valid number")]
+PositiveInt = Annotated[Int, Field(ge=1)]
+Port = Annotated[Int, Field(ge=1, le=65535)]
+Fraction = Annotated[Float, Field(gt=0.0, le=1.0)]  # (0, 1]
 
 
 class _Section(BaseModel):
@@ -71,22 +85,22 @@ class MTPSection(_Section):
         default=False, description="TensorRT-LLM's relaxed acceptance for thinking: faster, NOT lossless"
     )
     relaxed_topk: PositiveInt = 1
-    relaxed_delta: float = Field(default=0.0, ge=0.0, le=1.0)
+    relaxed_delta: Float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class SamplingSection(_Section):
     """Defaults for requests that do not say; temperature 0 means greedy."""
 
-    temperature: float = Field(default=0.0, ge=0.0, le=100.0)
-    top_k: int = Field(default=0, ge=0)
+    temperature: Float = Field(default=0.0, ge=0.0, le=100.0)
+    top_k: Int = Field(default=0, ge=0)
     top_p: Fraction = 1.0
     max_tokens: PositiveInt = 128
-    seed: int | None = None
+    seed: Int | None = None
 
 
 class SpeculationSection(_Section):
     mode: Mode = "draft-target"
-    num_draft_tokens: Annotated[int, Field(ge=1, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = 4
+    num_draft_tokens: Annotated[Int, Field(ge=1, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = 4
     use_draft_logits: bool = Field(
         default=False, description="engine flavour: pass draft logits to the target (needs gathered logits)"
     )
@@ -113,12 +127,12 @@ class BuildSection(_Section):
     tensorrt_llm_version: Annotated[str, AfterValidator(_trtllm_version)] = DEFAULT_TRTLLM_VERSION
     tp: PositiveInt = 1
     pp: PositiveInt = 1
-    max_batch_size: int = Field(default=8, ge=1, le=4096)
+    max_batch_size: Int = Field(default=8, ge=1, le=4096)
     max_input_len: PositiveInt = 1024
     max_seq_len: PositiveInt = 2048
     max_num_tokens: PositiveInt | None = Field(default=None, description="default: TensorRT-LLM's own")
     kv_cache_free_gpu_mem_fraction: Fraction = 0.9
-    gpu_memory_gb: float | None = Field(
+    gpu_memory_gb: Float | None = Field(
         default=None, ge=1.0, description="memory per GPU; default: detected at check time"
     )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="torch backend only")
@@ -127,7 +141,7 @@ class BuildSection(_Section):
 
 class ServeSection(_Section):
     flavour: Flavour = "llmapi"
-    instances: int = Field(default=1, ge=1, le=64)
+    instances: Int = Field(default=1, ge=1, le=64)
     http_port: Port = 8000
     grpc_port: Port = 8001
     metrics_port: Port = 8002
@@ -161,9 +175,9 @@ class AutoscalingSection(_Section):
     """An HPA on Triton's queue-to-compute ratio (NVIDIA's autoscaling tutorial); needs prometheus-adapter."""
 
     enabled: bool = True
-    min_replicas: int = Field(default=1, ge=1, le=1000)
-    max_replicas: int = Field(default=4, ge=1, le=1000)
-    queue_compute_ratio: float = Field(
+    min_replicas: Int = Field(default=1, ge=1, le=1000)
+    max_replicas: Int = Field(default=4, ge=1, le=1000)
+    queue_compute_ratio: Float = Field(
         default=1.0, ge=0.001, description="scale out when time queued per unit of compute time exceeds this"
     )
 
@@ -171,13 +185,13 @@ class AutoscalingSection(_Section):
 class MonitoringSection(_Section):
     """Alert thresholds for the PrometheusRule `trtspec deploy` writes."""
 
-    min_acceptance: float = Field(
+    min_acceptance: Float = Field(
         default=0.5,
         ge=0.0,
         le=1.0,
         description="alert when draft acceptance stays below this (below ~0.5 speculation costs more)",
     )
-    max_queue_compute_ratio: float = Field(
+    max_queue_compute_ratio: Float = Field(
         default=2.0, ge=0.001, description="alert when time queued per unit of compute time stays above this"
     )
     alert_for: Annotated[str, Field(pattern=r"^[1-9][0-9]*[smh]$")] = Field(
@@ -187,8 +201,8 @@ class MonitoringSection(_Section):
 
 class DeploySection(_Section):
     image: str | None = Field(default=None, description="default: the Triton TRT-LLM image for the version")
-    gpus_per_node: int = Field(default=8, ge=1, le=64)
-    replicas: int = Field(default=1, ge=1, le=1000)
+    gpus_per_node: Int = Field(default=8, ge=1, le=64)
+    replicas: Int = Field(default=1, ge=1, le=1000)
     namespace: Annotated[str, AfterValidator(_dns_label)] = "trtspec"
     kubernetes_version: Annotated[str, AfterValidator(lambda v: _k8s_version(v))] = "1.30"
     storage: StorageSection = StorageSection()
@@ -386,7 +400,7 @@ def _describe(err: dict[str, Any]) -> tuple[str, str, str]:
     """One pydantic error as (dotted field, what it must be or the whole message, the value given or "")."""
     loc = [str(p) for p in err["loc"] if not _TYPE_TAG.match(str(p))]
     field = ".".join(loc) or "(top level)"
-    kind, got, ctx = err["type"], repr(err.get("input")), err.get("ctx") or {}
+    kind, got, ctx = err["type"], shorten(repr(err.get("input"))), err.get("ctx") or {}
     if kind == "missing":
         return field, "required", ""
     if kind == "extra_forbidden":
@@ -402,7 +416,7 @@ def _describe(err: dict[str, Any]) -> tuple[str, str, str]:
     if kind == "string_pattern_mismatch":
         return field, f"must match {ctx['pattern']}", got
     if kind == "value_error":
-        return field, str(ctx["error"]), ""
+        return field, shorten(ctx["error"], 500), ""
     return field, err["msg"], ""
 
 
@@ -427,12 +441,14 @@ def _one_line(errors: list[dict[str, Any]]) -> str:
 def load_config(path: str | Path) -> DeploymentConfig:
     """Read and validate a deployment config; raise ConfigError with one line naming file and field."""
     path = Path(path)
-    where = str(path)
+    where = shorten(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{where}: no such config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:  # its str() repeats the (possibly huge) file name
+        raise ConfigError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"{where}: cannot read: {exc}") from None
     try:
         data = yaml.safe_load(text)
@@ -447,7 +463,7 @@ def load_config(path: str | Path) -> DeploymentConfig:
 
 
 def validate_config(data: dict[str, Any], source: Path | None = None) -> DeploymentConfig:
-    where = str(source) if source else "<config>"
+    where = shorten(source) if source else "<config>"
     if "source" in data:
         raise ConfigError(f"{where}: source: unknown key")
     try:
@@ -457,5 +473,5 @@ def validate_config(data: dict[str, Any], source: Path | None = None) -> Deploym
     cfg.source = source.resolve() if source else None
     problems = _cross_field_rules(cfg)
     if problems:
-        raise ConfigError(f"{where}: " + "; ".join(f"{f}: {m}" for f, m in problems))
+        raise ConfigError(f"{where}: " + "; ".join(f"{f}: {shorten(m, 500)}" for f, m in problems))
     return cfg

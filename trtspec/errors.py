@@ -6,6 +6,18 @@ message that names the file and field; anything else is a bug and shows a traceb
 
 from __future__ import annotations
 
+MAX_ECHO = 200  # characters of a path or value an error message repeats
+
+
+def shorten(value: object, limit: int = MAX_ECHO) -> str:
+    """`value` as text, cut in the middle when longer than `limit` characters: a message stays one
+    readable line even when the input it names is a 10 MB path or value."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"
+
 
 class TrtspecError(Exception):
     """A failure the user can act on; `exit_code` follows the CLI contract (1 failed run, 2 bad input)."""
