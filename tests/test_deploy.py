@@ -27,7 +27,7 @@ from trtspec.deploy.compose import compose
 from trtspec.deploy.launch import mpirun_argv, orchestrator_argv, rank_argv, serve_argv, worker_pods
 from trtspec.deploy.topology import orchestrated, topology
 from trtspec.deploy.write import rendered_files, write_deployment
-from trtspec.errors import ConfigError, UsageError
+from trtspec.errors import ConfigError, TrtspecError, UsageError
 from trtspec.serve.server import Ports
 from trtspec.versions import DEFAULT_TRTLLM_VERSION, container_tag
 
@@ -435,8 +435,9 @@ def test_write_failure_leaves_the_old_directory(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("trtspec.deploy.write.replace_dir", broken)
-    with pytest.raises(UsageError, match="No space left"):
+    with pytest.raises(TrtspecError, match="no space left") as err:  # a full disk: exit 1, not bad input
         write_deployment(cfg, "k8s", out, force=True)
+    assert err.value.exit_code == 1
     assert {p: p.read_text() for p in out.rglob("*") if p.is_file()} == before
     assert not list(tmp_path.glob(".staging-*"))
 

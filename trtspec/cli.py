@@ -28,11 +28,16 @@ class TrtspecGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except TrtspecError as exc:
+        except (TrtspecError, OSError) as exc:
+            from trtspec.fsutil import path_error
+
+            error = exc if isinstance(exc, TrtspecError) else path_error(exc)
+            if error is None:
+                raise
             if ctx.obj and ctx.obj.get("verbose"):
                 traceback.print_exc()
-            click.echo(f"trtspec: error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
+            click.echo(f"trtspec: error: {error}", err=True)
+            ctx.exit(error.exit_code)
 
 
 def _print_json(data: Any) -> None:
@@ -284,7 +289,9 @@ def generate(
     help="Write the build as a shell script for the TensorRT-LLM container instead of running it.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the steps and commands; build nothing.")
-@click.option("--force", is_flag=True, help="Rebuild every step even if its inputs are unchanged.")
+@click.option(
+    "--force", is_flag=True, help="Rebuild every step even if its inputs are unchanged; with --emit-script: overwrite."
+)
 @click.option("--no-package", is_flag=True, help="Stop after the engines: no model repository.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no_package: bool, as_json: bool) -> None:
@@ -298,7 +305,7 @@ def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no
     if emit_script is not None:
         from trtspec.build.script import write_script
 
-        write_script(cfg, emit_script)
+        write_script(cfg, emit_script, force)
         click.echo(f"wrote {emit_script}: run it inside the TensorRT-LLM container it names")
         if not no_package:  # the container's repository needs no engines here, only their mount paths
             click.echo(f"wrote {_package(cfg)}")

@@ -1,11 +1,79 @@
-"""Atomic file and directory writes: an interrupted run never leaves a half-written output."""
+"""Atomic file and directory writes: an interrupted run never leaves a half-written output.
+
+`write_error` turns an OSError into the one-line error the CLI prints (the path, the reason, what
+to do); `writing` applies it to a block; `refuse_overwrite` is the rule for single-file outputs.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from trtspec.errors import TrtspecError, UsageError, shorten
+
+_REASONS = {
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOTDIR: "not a directory (or a parent of it is not)",
+    errno.EISDIR: "is a directory",
+    errno.ENAMETOOLONG: "file name too long",
+    errno.EEXIST: "already exists",
+}
+
+
+def _reason(exc: OSError) -> str:
+    return shorten(_REASONS.get(exc.errno or 0) or exc.strerror or str(exc))
+
+
+def write_error(exc: OSError, where: str | Path) -> TrtspecError:
+    """One line naming `where` and why it cannot be written: exit 1 for a full disk, 2 otherwise."""
+    where = shorten(where)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        full = "no space left on the device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+        return TrtspecError(f"{full} while writing {where}; nothing was left half-written: free space and re-run")
+    return UsageError(f"cannot write {where}: {_reason(exc)}")
+
+
+def path_error(exc: OSError) -> TrtspecError | None:
+    """The CLI's last resort for an OSError about a file that no stage worded itself: the file and
+    the reason on one line (None when the error names no file, which stays a bug's traceback)."""
+    if exc.filename is None:
+        return None
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return write_error(exc, exc.filename)
+    return UsageError(f"{shorten(exc.filename)}: {_reason(exc)}")
+
+
+@contextmanager
+def writing(where: str | Path) -> Iterator[None]:
+    """Turn an OSError raised in the block into `write_error(exc, where)`."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_error(exc, where) from None
+
+
+def refuse_overwrite(path: Path, force: bool) -> None:
+    """A single-file output may replace a regular file only with --force, and never anything else
+    (a device such as /dev/null, a directory, a fifo): those would be replaced by a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise write_error(exc, path) from None
+    if not stat.S_ISREG(mode):
+        kind = "is a directory" if stat.S_ISDIR(mode) else "is not a regular file (a device, fifo or socket)"
+        raise UsageError(f"{shorten(path)}: {kind}; name a regular file to write")
+    if not force:
+        raise UsageError(f"{shorten(path)}: already exists (use --force to overwrite)")
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

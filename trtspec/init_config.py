@@ -15,7 +15,7 @@ import yaml
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import Backend, Mode, resolve_checkpoint, validate_config
 from trtspec.errors import UsageError
-from trtspec.fsutil import atomic_write_text
+from trtspec.fsutil import atomic_write_text, refuse_overwrite, writing
 
 COMMENTS: dict[str, str] = {
     "name": "deployment name: Triton model names, engine and Kubernetes object names derive from it",
@@ -128,9 +128,9 @@ def render_commented_yaml(data: dict[str, Any], prefix: str = "", indent: int = 
 
 
 def write_init_config(out: Path, data: dict[str, Any], force: bool) -> Path:
-    if out.exists() and not force:
-        raise UsageError(f"{out}: already exists (use --force to overwrite)")
+    refuse_overwrite(out, force)
     text = "# trtspec deployment config, written by `trtspec init`; every stage reads this file.\n"
     text += render_commented_yaml(data) + "\n"
     validate_config(yaml.safe_load(text), source=out)
-    return atomic_write_text(out, text)
+    with writing(out):
+        return atomic_write_text(out, text)

@@ -246,8 +246,12 @@ def build_script(cfg: DeploymentConfig) -> str:
     return "\n".join([*_header(cfg), *start, *body, *_manifest_lines(cfg, k), 'echo "build finished: $ENGINES"', ""])
 
 
-def write_script(cfg: DeploymentConfig, path: Path) -> None:
-    from trtspec.fsutil import atomic_write_text
+def write_script(cfg: DeploymentConfig, path: Path, force: bool = False) -> None:
+    """Write the script atomically; an existing file only with `force`, and never a non-file (/dev/null)."""
+    from trtspec.fsutil import atomic_write_text, refuse_overwrite, writing
 
-    atomic_write_text(path, build_script(cfg))
-    path.chmod(0o755)
+    refuse_overwrite(path, force)
+    text = build_script(cfg)
+    with writing(path):
+        atomic_write_text(path, text)
+        path.chmod(0o755)

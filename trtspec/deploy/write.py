@@ -13,8 +13,8 @@ import yaml
 from trtspec.config import DeploymentConfig
 from trtspec.deploy import compose, k8s, monitoring
 from trtspec.deploy.topology import orchestrated, topology
-from trtspec.errors import UsageError
-from trtspec.fsutil import replace_dir
+from trtspec.errors import UsageError, shorten
+from trtspec.fsutil import replace_dir, write_error
 
 Target = Literal["k8s", "docker"]
 
@@ -69,8 +69,14 @@ def rendered_files(cfg: DeploymentConfig, target: Target, out: Path) -> dict[str
 
 def write_deployment(cfg: DeploymentConfig, target: Target, out: Path, force: bool = False) -> list[Path]:
     files = rendered_files(cfg, target, out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UsageError(f"{out} exists and is not empty (use --force to replace it)")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{shorten(out)}: not a directory; --out names the directory to write the files into")
+    try:
+        not_empty = out.exists() and any(out.iterdir())
+    except OSError as exc:
+        raise write_error(exc, out) from None
+    if not_empty and not force:
+        raise UsageError(f"{shorten(out)} exists and is not empty (use --force to replace it)")
     staging = out.parent / f".staging-{out.name}-{os.getpid()}"
     try:
         for name, text in files.items():
@@ -79,7 +85,7 @@ def write_deployment(cfg: DeploymentConfig, target: Target, out: Path, force: bo
             path.write_text(text, encoding="utf-8")
         replace_dir(staging, out)
     except OSError as exc:
-        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+        raise write_error(exc, out) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [out / name for name in files]
