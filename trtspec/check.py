@@ -12,7 +12,13 @@ from typing import Any
 
 from trtspec import support
 from trtspec.build.recipes import deepseek_family, deepseek_serving_options
-from trtspec.checkpoints.inspect import CheckpointInfo, pre_quantized, read_checkpoint
+from trtspec.checkpoints.inspect import (
+    VOCAB_ROWS_FIX,
+    CheckpointInfo,
+    pre_quantized,
+    read_checkpoint,
+    vocab_rows_mismatch,
+)
 from trtspec.checkpoints.memory import MemoryPlan, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
 from trtspec.config import DeploymentConfig
@@ -57,6 +63,13 @@ def _load(cfg: DeploymentConfig, field: str, report: Report) -> CheckpointInfo |
         )
         return None
     return read_checkpoint(path)
+
+
+def _check_weights(infos: dict[str, CheckpointInfo | None], report: Report) -> None:
+    """config.json against the weights' shapes (safetensors headers): loading would fail at the build."""
+    for role, info in infos.items():
+        if info is not None and (problem := vocab_rows_mismatch(info.path, info.config)):
+            report.add("error", "vocab-weights-mismatch", f"{role}: {problem}", VOCAB_ROWS_FIX)
 
 
 def _check_tokenizers(target: CheckpointInfo, draft: CheckpointInfo, report: Report) -> None:
@@ -450,6 +463,7 @@ def run_check(cfg: DeploymentConfig) -> Report:
     draft = _load(cfg, "draft", report) if cfg.draft is not None and cfg.mode == "draft-target" else None
     gpu_sm, gpu_gb = detect_gpu()
     gpu_gb = cfg.build.gpu_memory_gb or gpu_gb
+    _check_weights({"target": target, "draft": draft}, report)
     if target is not None and draft is not None:
         _check_tokenizers(target, draft, report)
         _check_differences(target, draft, report)

@@ -85,3 +85,40 @@ def pre_quantized(info: CheckpointInfo) -> bool:
     """A checkpoint that carries its own quantization (ModelOpt's hf_quant_config.json, or a
     quantization_config in config.json): what the LLM API reads, since it quantizes nothing itself."""
     return "quantization_config" in info.config or (info.path / "hf_quant_config.json").is_file()
+
+
+EMBEDDING = "model.embed_tokens.weight"
+VOCAB_ROWS_FIX = "use the config.json that came with these weights (or weights for this vocabulary)"
+
+
+def vocab_rows_message(path: Path, vocab_size: object, weight: str, rows: int, file: Path | str) -> str:
+    """One line: config.json's vocab_size disagrees with the rows of an embedding or head in the weights."""
+    return f"{path / 'config.json'}: vocab_size {vocab_size} but {weight} in {file} has {rows} rows"
+
+
+def vocab_rows_mismatch(path: Path, config: dict[str, Any]) -> str | None:
+    """`vocab_rows_message` when the embedding's rows (from safetensors headers, no weights read) are
+    not config.json's vocab_size; None when they agree or the headers are not here to read."""
+    vocab = config.get("vocab_size")
+    if vocab is None:
+        return None
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shard = _read_json(index).get("weight_map", {}).get(EMBEDDING)
+        files = [path / shard] if isinstance(shard, str) else []
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    for file in files:
+        if not file.is_file():
+            return None  # an index without its shards (metadata-only copies): nothing to compare
+        entry = safetensors_header(file).get(EMBEDDING)
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if shape:
+            return None if shape[0] == vocab else vocab_rows_message(path, vocab, EMBEDDING, shape[0], file.name)
+    return None
+
+
+def refuse_vocab_rows_mismatch(path: Path) -> None:
+    """UsageError before anything loads weights whose embedding does not fit config.json's vocab_size."""
+    if problem := vocab_rows_mismatch(path, read_hf_config(path)):
+        raise UsageError(f"{problem}: {VOCAB_ROWS_FIX}")

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from trtspec.checkpoints.inspect import read_hf_config
+from trtspec.checkpoints.inspect import VOCAB_ROWS_FIX, read_hf_config, vocab_rows_message
 from trtspec.errors import UsageError
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
@@ -319,6 +319,24 @@ def _block_state(prefix: str, w: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return out
 
 
+def _refuse_mismatched_shapes(path: Path, state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """One line instead of load_state_dict's traceback when config.json does not describe the weights."""
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        rows, vocab = state[name].shape[0], expected[name].shape[0]
+        if rows != vocab:
+            weight = "model.embed_tokens.weight" if name == "embed_tokens.weight" else "lm_head.weight"
+            raise UsageError(f"{vocab_rows_message(path, vocab, weight, rows, 'the weights')}: {VOCAB_ROWS_FIX}")
+    if extra := sorted(set(state) - set(expected)):
+        raise UsageError(f"{path}: weights {', '.join(extra[:3])} are not in the model config.json describes")
+    for name, want in expected.items():
+        got = state[name].shape if name in state else want.shape
+        if got != want.shape:
+            raise UsageError(
+                f"{path}: weight {name} has shape {list(got)} but config.json implies {list(want.shape)}: "
+                "the config does not describe these weights"
+            )
+
+
 def load_transformer(
     path: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -360,6 +378,7 @@ def load_transformer(
         raise UsageError(f"{path}: checkpoint is missing weight {exc.args[0]}") from None
     with torch.device("meta"):
         model = Transformer(dims, cos, sin)
+    _refuse_mismatched_shapes(path, state, model.state_dict())
     model.load_state_dict(state, strict=True, assign=True)
     model.rope_cos, model.rope_sin = cos, sin
     model = model.to(device=device, dtype=dtype)
