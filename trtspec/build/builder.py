@@ -8,14 +8,15 @@ from the first step whose inputs changed.
 
 from __future__ import annotations
 
-import errno
+import fcntl
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,14 +35,15 @@ from trtspec.build.recipes import (
     trtllm_build_command,
     trtllm_serve_command,
 )
-from trtspec.checkpoints.inspect import read_checkpoint, read_hf_config
+from trtspec.checkpoints.inspect import read_checkpoint, read_hf_config, refuse_vocab_rows_mismatch
 from trtspec.config import DeploymentConfig, ModelSection
-from trtspec.errors import TrtspecError, UsageError
-from trtspec.fsutil import replace_dir
+from trtspec.errors import TrtspecError, UsageError, shorten
+from trtspec.fsutil import replace_dir, write_error, writing
 
 LLM_API_DIR = "llm-api"
 LLM_API_YAML = "extra_llm_api_options.yaml"
 HOLD_ENV = "TRTSPEC_BUILD_HOLD_S"  # test hook: seconds to wait before a finished step is renamed into place
+LOCK_FILE = ".build.lock"  # in the engine directory: flock'ed by the running build, holding its pid
 
 Progress = Callable[[str], None]
 
@@ -342,7 +344,9 @@ print("warm-up output:", out[0].outputs[0].text)
 def plan_steps(cfg: DeploymentConfig, engine_dir: Path, k: int) -> tuple[list[Step], dict[str, Any]]:
     fingerprints = {}
     for role, section in _roles(cfg):
-        fingerprints[role] = fingerprint(section.checkpoint, cfg.checkpoint_path(section))
+        if (path := cfg.checkpoint_path(section)) is not None:
+            refuse_vocab_rows_mismatch(path)  # a traceback in the weight loader (or the converter) otherwise
+        fingerprints[role] = fingerprint(section.checkpoint, path)
     if cfg.build.backend == "torch":
         return _torch_steps(cfg, k, fingerprints), fingerprints
     if cfg.build.backend == "tensorrt":
@@ -368,10 +372,31 @@ def _clean_stale(engine_dir: Path) -> None:
     shutil.rmtree(engine_dir / ".work", ignore_errors=True)
 
 
-def _disk_error(exc: OSError, where: Path) -> TrtspecError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return TrtspecError(f"no space left on the device while writing {where}; nothing was left half-written")
-    return UsageError(f"cannot write {where}: {exc.strerror or exc}")
+@contextmanager
+def build_lock(engine_dir: Path) -> Iterator[None]:
+    """One build at a time per engine directory: a second refuses at once, naming the holder's pid,
+    instead of removing the first one's staging directories under it. The lock is the kernel's
+    (flock), so it goes away with the process, however it ends; the file stays."""
+    path = engine_dir / LOCK_FILE
+    with writing(path):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise TrtspecError(
+                f"{shorten(engine_dir)}: another build ({who}) is building this engine directory; "
+                "wait for it to finish, or stop it, and re-run"
+            ) from None
+        except OSError as exc:
+            raise write_error(exc, path) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = lambda _msg: None) -> BuildResult:
@@ -391,7 +416,12 @@ def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = l
     try:
         (engine_dir / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _disk_error(exc, engine_dir) from None
+        raise write_error(exc, engine_dir) from None
+    with build_lock(engine_dir):
+        return _run_build_locked(cfg, engine_dir, force, progress)
+
+
+def _run_build_locked(cfg: DeploymentConfig, engine_dir: Path, force: bool, progress: Progress) -> BuildResult:
     k = resolve_num_draft_tokens(cfg, engine_dir)
     try:
         steps, fingerprints = plan_steps(cfg, engine_dir, k)
@@ -430,7 +460,8 @@ def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = l
             replace_dir(staging, engine_dir / step.output)
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
-            raise _disk_error(exc, engine_dir / step.output) from None
+            shutil.rmtree(engine_dir / ".work", ignore_errors=True)
+            raise write_error(exc, engine_dir / step.output) from None
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(engine_dir / ".work", ignore_errors=True)
@@ -448,7 +479,7 @@ def _save(manifest: Manifest, engine_dir: Path) -> None:
     try:
         manifest.save(engine_dir)
     except OSError as exc:
-        raise _disk_error(exc, engine_dir / "manifest.json") from None
+        raise write_error(exc, engine_dir / "manifest.json") from None
 
 
 def describe_plan(cfg: DeploymentConfig) -> list[str]:

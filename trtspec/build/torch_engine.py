@@ -7,17 +7,21 @@ engine's config.json (pretrained_config, build_config) so one check verifies eit
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from trtspec import __version__
 from trtspec.checkpoints.inspect import read_hf_config
-from trtspec.errors import UsageError
+from trtspec.errors import TrtspecError, UsageError
 from trtspec.speculative.model import load_transformer, read_weights
 
 ENGINE_JSON = "engine.json"
@@ -37,7 +41,7 @@ def write_torch_engine(
     out.mkdir(parents=True, exist_ok=True)
     source = read_weights(checkpoint)
     weights = {n: (t.to(dtype) if t.is_floating_point() else t).contiguous() for n, t in source.items()}
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_weights(weights, out / "model.safetensors")
     for name in (*COPIED, *COPIED_GLOBS):
         if (checkpoint / name).is_file():
             shutil.copy2(checkpoint / name, out / name)
@@ -56,6 +60,23 @@ def write_torch_engine(
     (out / ENGINE_JSON).write_text(json.dumps(engine, indent=2), encoding="utf-8")
     warm_up(out, dtype, build["max_seq_len"])
     return engine
+
+
+_OS_ERROR = re.compile(r"os error (\d+)|code: (\d+)")  # safetensors' Rust io::Error, new and old wording
+
+
+def save_weights(weights: dict[str, torch.Tensor], file: Path) -> None:
+    """save_file, with its I/O failures as the OSError they are: safetensors raises its own
+    SafetensorError ("I/O error: No space left on device (os error 28)"), which the build maps to
+    its one-line disk error only as an OSError."""
+    try:
+        save_file(weights, str(file), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        found = _OS_ERROR.search(str(exc))
+        if found is None:
+            raise TrtspecError(f"{file}: safetensors could not write the weights: {exc}") from None
+        code = int(found.group(1) or found.group(2))
+        raise OSError(code, os.strerror(code) if code in errno.errorcode else str(exc), str(file)) from None
 
 
 def warm_up(engine_dir: Path, dtype: torch.dtype, max_seq_len: int) -> None:
