@@ -1,0 +1,354 @@
+"""Faults and races on files (issue #20): a checkpoint whose config.json does not fit its weights, a full
+disk under safetensors, outputs that cannot be written or must not be replaced, two builds at once,
+hostile config values. Each gets one line naming the file and what to do, and loses nothing.
+
+Read-only directories are real (mode 0500) for a normal user; root ignores modes, so as root the same
+directory is made read-only by failing every open and mkdir under it with EROFS, as a read-only mount
+would, and the tests run either way.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CONFIGS
+from tiny_models import make_checkpoint
+
+from trtspec.build import builder
+from trtspec.build.manifest import Manifest
+from trtspec.cli import cli
+from trtspec.errors import UsageError
+
+LOCK = ".build.lock"  # builder.LOCK_FILE: the engine directory's build lock
+EMIT_CONFIG = str(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml")  # hub ids: --emit-script needs nothing local
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("trtspec: error:")]
+
+
+def one_line_error(res, code: int) -> str:
+    """The CLI's contract: exit `code`, exactly one `trtspec: error:` line, no traceback."""
+    assert res.exit_code == code, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    assert "Traceback" not in res.output
+    lines = error_lines(res.output)
+    assert len(lines) == 1, res.output
+    return lines[0]
+
+
+def torch_pair(tmp: Path, draft_vocab: int | None = None, vocab: int = 32) -> Path:
+    """A tiny target/draft pair on the torch backend; `draft_vocab` overrides the draft's config.json only."""
+    make_checkpoint(tmp / "target", vocab=vocab, seed=1)
+    draft = make_checkpoint(tmp / "draft", vocab=vocab, seed=2)
+    if draft_vocab is not None:
+        hf = json.loads((draft / "config.json").read_text())
+        hf["vocab_size"] = draft_vocab
+        (draft / "config.json").write_text(json.dumps(hf))
+    data = {
+        "name": "pair",
+        "target": {"checkpoint": "./target", "dtype": "float32"},
+        "draft": {"checkpoint": "./draft", "dtype": "float32"},
+        "speculation": {"mode": "draft-target", "num_draft_tokens": 2, "sampling": {"max_tokens": 16}},
+        "build": {"backend": "torch", "device": "cpu", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128},
+        "deploy": {"gpus_per_node": 1},
+    }
+    config = tmp / "pair.yaml"
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under an engine directory but the logs (a failed step's log is meant to change)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.parts[len(root.parts)] != "logs" and p.name != LOCK
+    }
+
+
+@pytest.fixture
+def read_only(tmp_path, monkeypatch) -> Path:
+    """A directory nothing can be created in: mode 0500, or for root (which ignores modes) EROFS from every
+    os.open and os.mkdir below it."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0:
+        ro.chmod(0o500)
+        yield ro
+        ro.chmod(0o700)
+        return
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def under(path) -> bool:
+        return Path(os.fsdecode(path)).absolute().is_relative_to(ro)
+
+    def fake_open(path, flags, *args, **kwargs):
+        if under(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    def fake_mkdir(path, *args, **kwargs):
+        if under(path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+    yield ro
+
+
+REFUSED = ("permission denied", "read-only file system")
+
+
+# --- 1. config.json's vocab_size over an embedding of another size --------------------------------
+
+
+def test_vocab_size_over_fewer_embedding_rows_is_a_check_error_and_a_one_line_build_refusal(
+    runner, tmp_path, monkeypatch
+):
+    from trtspec.speculative.model import load_transformer
+
+    monkeypatch.chdir(tmp_path)
+    config = torch_pair(tmp_path, draft_vocab=4096, vocab=2048)
+    draft_config = tmp_path / "draft" / "config.json"
+
+    res = runner.invoke(cli, ["check", str(config), "--json"])
+    assert res.exit_code == 1, res.output
+    report = json.loads(res.output)
+    (finding,) = [f for f in report["findings"] if f["code"] == "vocab-weights-mismatch"]
+    assert finding["severity"] == "error" and "\n" not in finding["message"]
+    assert str(draft_config) in finding["message"] and "4096" in finding["message"] and "2048" in finding["message"]
+    assert runner.invoke(cli, ["check", str(config)]).exit_code == 1
+
+    line = one_line_error(runner.invoke(cli, ["build", str(config)]), 2)
+    assert str(draft_config) in line and "4096" in line and "2048" in line
+    assert not (tmp_path / "engines" / "pair" / "target").exists()  # refused before the first step
+
+    with pytest.raises(UsageError, match=r"vocab_size 4096 .* 2048 rows"):
+        load_transformer(tmp_path / "draft")
+
+
+def test_the_weight_loader_names_any_shape_config_json_does_not_describe(tmp_path):
+    from trtspec.speculative.model import load_transformer
+
+    path = make_checkpoint(tmp_path / "m", vocab=32)
+    hf = json.loads((path / "config.json").read_text())
+    hf["intermediate_size"] = 48
+    (path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(UsageError, match=r"gate_up.weight has shape \[64, 16\] but config.json implies \[96, 16\]"):
+        load_transformer(path)
+
+
+# --- 2. a full disk while safetensors writes an engine ------------------------------------------
+
+
+def safetensors_full(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def quota_exceeded(*args, **kwargs):
+    raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+
+@pytest.mark.parametrize("fault", [safetensors_full, quota_exceeded], ids=["safetensors-enospc", "oserror-edquot"])
+def test_full_disk_under_safetensors_is_one_line_and_keeps_the_previous_build(runner, tmp_path, monkeypatch, fault):
+    import trtspec.build.torch_engine as torch_engine
+
+    monkeypatch.chdir(tmp_path)
+    config = torch_pair(tmp_path)
+    assert runner.invoke(cli, ["build", str(config), "--no-package"]).exit_code == 0
+    engines = tmp_path / "engines" / "pair"
+    before = snapshot(engines)
+    assert {"manifest.json", "target/model.safetensors", "draft/model.safetensors"} <= set(before)
+
+    monkeypatch.setattr(torch_engine, "save_file", fault)
+    line = one_line_error(runner.invoke(cli, ["build", str(config), "--force", "--no-package"]), 1)
+    assert "no space left" in line or "quota" in line
+    assert "engines/pair/target" in line and "nothing was left half-written" in line
+    assert not list(engines.glob(".staging-*")) and not (engines / ".work").exists()
+    assert snapshot(engines) == before  # the earlier engines and manifest, byte for byte
+
+
+# --- 3-5. outputs that cannot be written -----------------------------------------------------------
+
+
+def test_deploy_into_a_non_directory_is_one_line(runner, tmp_path):
+    fifo = tmp_path / "full"
+    os.mkfifo(fifo)  # stands in for /dev/full: exists, is no directory, must not be replaced
+    line = one_line_error(
+        runner.invoke(cli, ["deploy", str(CONFIGS / "tiny-draft-target.yaml"), "--out", str(fifo)]), 2
+    )
+    assert str(fifo) in line and "not a directory" in line
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    res = runner.invoke(cli, ["deploy", str(CONFIGS / "tiny-draft-target.yaml"), "--out", str(fifo / "sub")])
+    assert str(fifo / "sub") in one_line_error(res, 2)
+
+
+def test_deploy_into_a_read_only_directory_is_one_line(runner, read_only):
+    out = read_only / "k8s"
+    line = one_line_error(runner.invoke(cli, ["deploy", str(CONFIGS / "tiny-draft-target.yaml"), "--out", str(out)]), 2)
+    assert str(out) in line and any(r in line.lower() for r in REFUSED)
+    assert list(read_only.iterdir()) == []
+
+
+def test_emit_script_into_a_read_only_directory_is_one_line(runner, tmp_path, monkeypatch, read_only):
+    monkeypatch.chdir(tmp_path)
+    script = read_only / "build.sh"
+    res = runner.invoke(cli, ["build", EMIT_CONFIG, "--emit-script", str(script), "--no-package"])
+    line = one_line_error(res, 2)
+    assert str(script) in line and any(r in line.lower() for r in REFUSED)
+    assert list(read_only.iterdir()) == []
+
+
+def test_init_into_a_read_only_directory_is_one_line(runner, read_only):
+    out = read_only / "tiny.yaml"
+    line = one_line_error(runner.invoke(cli, ["init", "--target", "embedded:tiny-target", "--out", str(out)]), 2)
+    assert str(out) in line and any(r in line.lower() for r in REFUSED)
+    assert list(read_only.iterdir()) == []
+
+
+def test_an_os_error_no_stage_worded_is_still_one_line_naming_the_file():
+    from trtspec.fsutil import path_error
+
+    error = path_error(PermissionError(errno.EACCES, "Permission denied", "/x/plan.json"))
+    assert str(error) == "/x/plan.json: permission denied" and error.exit_code == 2
+    assert path_error(OSError(errno.ENOSPC, "No space left on device", "/x/a")).exit_code == 1
+    assert path_error(OSError(errno.EPIPE, "Broken pipe")) is None  # no file: not a user's problem to word
+
+
+# --- 6. a single-file output replaces a file only with --force, and never anything else -------------
+
+
+def test_emit_script_overwrites_only_with_force(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "build.sh"
+    script.write_text("# mine\n")
+    line = one_line_error(runner.invoke(cli, ["build", EMIT_CONFIG, "--emit-script", str(script), "--no-package"]), 2)
+    assert str(script) in line and "--force" in line
+    assert script.read_text() == "# mine\n"
+    res = runner.invoke(cli, ["build", EMIT_CONFIG, "--emit-script", str(script), "--no-package", "--force"])
+    assert res.exit_code == 0, res.output
+    assert script.read_text().startswith("#!/usr/bin/env bash")
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]], ids=["plain", "force"])
+def test_emit_script_and_init_never_replace_a_device_or_fifo(runner, tmp_path, monkeypatch, force):
+    monkeypatch.chdir(tmp_path)
+    fifo = tmp_path / "null"
+    os.mkfifo(fifo)  # like /dev/null or /dev/full: not a regular file, which root could otherwise replace
+    res = runner.invoke(cli, ["build", EMIT_CONFIG, "--emit-script", str(fifo), "--no-package", *force])
+    line = one_line_error(res, 2)
+    assert str(fifo) in line and "not a regular file" in line
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    line = one_line_error(
+        runner.invoke(cli, ["init", "--target", "embedded:tiny-target", "--out", str(fifo), *force]), 2
+    )
+    assert str(fifo) in line and "not a regular file" in line
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+# --- 7. two builds of one config at once ---------------------------------------------------------
+
+
+def test_a_build_refuses_while_another_holds_the_engine_directory(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = torch_pair(tmp_path)
+    engines = tmp_path / "engines" / "pair"
+    engines.mkdir(parents=True)
+    fd = os.open(engines / LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, b"424242\n")
+        line = one_line_error(runner.invoke(cli, ["build", str(config), "--no-package"]), 1)
+        assert "engines/pair: another build (pid 424242)" in line
+        assert not (engines / "target").exists()
+        dry = runner.invoke(cli, ["build", str(config), "--dry-run"])  # reads only: needs no lock
+        assert dry.exit_code == 0 and "target (would build)" in dry.output
+    finally:
+        os.close(fd)
+    assert runner.invoke(cli, ["build", str(config), "--no-package"]).exit_code == 0  # the lock left with its holder
+
+
+def test_a_second_build_during_a_running_one_refuses_and_the_first_completes(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = torch_pair(tmp_path)
+    engines = tmp_path / "engines" / "pair"
+    env = {**os.environ, builder.HOLD_ENV: "3"}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "trtspec", "build", str(config), "--no-package"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not list(engines.glob(".staging-target-*/engine.json")):
+            assert first.poll() is None, first.communicate()
+            assert time.time() < deadline, "the first build never reached its first step"
+            time.sleep(0.05)
+        line = one_line_error(runner.invoke(cli, ["build", str(config), "--no-package"]), 1)
+        assert f"pid {first.pid}" in line
+        out, err = first.communicate(timeout=180)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err
+    assert "built target, draft" in out
+    manifest = Manifest.load(engines)
+    assert manifest is not None and manifest.steps.keys() == {"target", "draft"}
+    assert not list(engines.glob(".staging-*"))
+    for role in ("target", "draft"):
+        assert (engines / role / "model.safetensors").is_file() and (engines / role / "engine.json").is_file()
+
+
+# --- hostile config values ------------------------------------------------------------------------
+
+
+def test_booleans_are_not_numbers_in_a_config(runner, tmp_path):
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    data["speculation"]["num_draft_tokens"] = True
+    config = tmp_path / "bool.yaml"
+    config.write_text(yaml.safe_dump(data))
+    line = one_line_error(runner.invoke(cli, ["validate", str(config)]), 2)
+    assert "speculation.num_draft_tokens" in line and "got True" in line
+    data["speculation"]["num_draft_tokens"] = 3
+    data["build"]["max_batch_size"] = False
+    config.write_text(yaml.safe_dump(data))
+    assert "build.max_batch_size: must be an integer" in one_line_error(
+        runner.invoke(cli, ["validate", str(config)]), 2
+    )
+    data["build"]["max_batch_size"] = 4
+    data["speculation"]["sampling"]["temperature"] = True
+    config.write_text(yaml.safe_dump(data))
+    assert "temperature: must be a number" in one_line_error(runner.invoke(cli, ["validate", str(config)]), 2)
+    # YAML integers (and an integer where a float goes) still load
+    text = (CONFIGS / "tiny-draft-target.yaml").read_text().replace("temperature: 0.0", "temperature: 1")
+    config.write_text(text)
+    res = runner.invoke(cli, ["validate", str(config), "--json"])
+    assert res.exit_code == 0, res.output
+    resolved = json.loads(res.output)
+    assert resolved["speculation"]["num_draft_tokens"] == 2 and resolved["speculation"]["sampling"]["temperature"] == 1
+
+
+def test_errors_do_not_echo_a_huge_path_or_value(runner, tmp_path):
+    huge_path = tmp_path / ("c" * 10_000_000 + ".yaml")
+    line = one_line_error(runner.invoke(cli, ["validate", str(huge_path)]), 2)
+    assert len(line) < 1000 and "characters" in line
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    data["name"] = "N" * 1_000_000
+    data["deploy"]["image"] = None
+    config = tmp_path / "huge.yaml"
+    config.write_text(yaml.safe_dump(data))
+    line = one_line_error(runner.invoke(cli, ["validate", str(config)]), 2)
+    assert len(line) < 1000 and "name: must be a DNS-1123 label" in line
