@@ -412,11 +412,12 @@ OPTIONS_KEYS = ["num_requests", "duration_s", "warmup", "max_tokens", "fixed_len
                 "prompts", "slo_attainment"]  # fmt: skip
 LEVEL_KEYS = ["level", "load", "targets", "client"]
 LOAD_KEYS = ["concurrency", "rate", "max_concurrency", "arrival", "burstiness"]
-TARGET_KEYS = ["requests", "completed", "failed", "not_sent", "errors", "short_outputs", "duration_s",
-               "request_throughput", "output_token_throughput", "input_token_throughput", "output_tokens", "ttft_ms",
-               "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "tokens_per_chunk", "acceptance", "slo", "by_category",
-               "server_metrics", "min_tokens_sent"]  # fmt: skip
-FAILED_TARGET_KEYS = ["requests", "completed", "failed", "not_sent", "errors", "short_outputs", "by_category",
+TARGET_KEYS = ["requests", "completed", "failed", "not_sent", "errors", "short_outputs", "cancelled_at_end",
+               "duration_s", "request_throughput", "output_token_throughput", "input_token_throughput",
+               "output_tokens", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "tokens_per_chunk", "acceptance",
+               "slo", "by_category", "server_metrics", "min_tokens_sent"]  # fmt: skip
+FAILED_TARGET_KEYS = ["requests", "completed", "failed", "not_sent", "errors", "short_outputs", "cancelled_at_end",
+                      "by_category",
                       "server_metrics", "min_tokens_sent"]  # fmt: skip
 DISTRIBUTION_KEYS = ["count", "mean", "std", "min", "p50", "p90", "p95", "p99", "max"]
 ESTIMATED_ACCEPTANCE_KEYS = ["source", "acceptance_rate", "accepted_tokens_per_step"]

@@ -188,9 +188,15 @@ def bench_command(args: BenchArgs, console: Console) -> int:
         if line:
             console.print(line)
     code = 0
+    failures, cancellations = summary.unfinished()
     if summary.aborted:
         console.print(f"[red]trtspec: error: {summary.aborted}; results so far kept in {opts.out_dir}[/red]")
         code = 1
+    elif failures:  # the completed requests' records and summary are written all the same
+        console.print(f"[red]trtspec: error: {failures}; records in {opts.out_dir}[/red]", soft_wrap=True)
+        code = 1
+    if cancellations:
+        console.print(f"[yellow]{cancellations}[/yellow]", soft_wrap=True)
     if summary.lossless and not summary.lossless["pass"]:
         code = 1
     if args.fail_on_slo and summary.slo_failed:

@@ -28,7 +28,7 @@ from trtspec.bench.protocols import (
     make_client,
     supports_min_tokens,
 )
-from trtspec.bench.records import RequestRecord
+from trtspec.bench.records import CANCELLED_AT_END, RequestRecord
 from trtspec.bench.schedule import Load
 
 UNREACHABLE_LIMIT = 8  # consecutive connection failures that end a level: the server is gone
@@ -174,7 +174,7 @@ async def execute(
         except asyncio.TimeoutError:
             record.error = f"timeout after {plan.timeout_s:g}s"
         except asyncio.CancelledError:
-            record.error = "cancelled: still running when the level's grace period ended"
+            record.error = CANCELLED_AT_END
         except Unreachable as exc:
             record.error = f"server unreachable: {exc}"
             unreachable[0] += 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtspec.bench.records import RequestRecord
+from trtspec.bench.records import CANCELLED_AT_END, RequestRecord
 from trtspec.bench.results import Acceptance, Distribution, SloResult, TargetSummary
 
 PERCENTILES = (50, 90, 95, 99)
@@ -91,6 +91,7 @@ def summarize(records: list[RequestRecord], slo: SLO | None = None) -> TargetSum
     out = TargetSummary(
         requests=len(records), completed=len(done), failed=len(failed),
         not_sent=sum(1 for r in failed if (r.error or "").startswith("not sent")),
+        cancelled_at_end=sum(1 for r in failed if r.error == CANCELLED_AT_END),
         errors=sorted({r.error for r in failed if r.error})[:5], short_outputs=sum(r.short for r in done),
     )  # fmt: skip
     if not done:

@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+# the error of a request a duration-bounded level cut at its end (--duration + --grace): counted apart
+CANCELLED_AT_END = "cancelled: still running when the level's grace period ended"
+
 
 @dataclass
 class RequestRecord:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from trtspec.bench.records import CANCELLED_AT_END as CANCELLED
 from trtspec.bench.schedule import Load
 
 
@@ -80,10 +81,11 @@ class TargetSummary:
 
     requests: int
     completed: int
-    failed: int
+    failed: int  # every request that did not complete, the next two included
     not_sent: int
     errors: list[str]  # the first five distinct
     short_outputs: int
+    cancelled_at_end: int = 0  # still running when a duration-bounded level ended: cut by design, not failed
     duration_s: float | None = None  # first scheduled send to last completion
     request_throughput: float | None = None
     output_token_throughput: float | None = None
@@ -166,3 +168,31 @@ class BenchSummary:
     @property
     def aborted(self) -> str | None:
         return next((lv.aborted for lv in self.levels if lv.aborted), None)
+
+    def unfinished(self) -> tuple[str | None, str | None]:
+        """(failures, cancellations): one line each, None when there are none. A failure is a measured
+        request the run meant to complete that did not (an error, a timeout, not sent): the run exits 1.
+        A duration-bounded level cancels what is still running when its grace period ends, by design:
+        those are counted apart and do not fail the run."""
+        failed = cancelled = total = 0
+        where: list[str] = []
+        first = None
+        for lv in self.levels:
+            for label, t in lv.targets.items():
+                total += t.requests
+                cancelled += t.cancelled_at_end
+                n = t.failed - t.cancelled_at_end
+                if n:
+                    failed += n
+                    where.append(f"{lv.level} {label}")
+                    first = first or next((e for e in t.errors if e != CANCELLED), None)
+        failures = None
+        if failed:
+            failures = f"{failed} of {total} measured requests failed ({', '.join(where)}); first error: {first or '?'}"
+        cancellations = None
+        if cancelled:
+            cancellations = (
+                f"{cancelled} requests still running when their level's --duration + --grace ended were "
+                "cancelled (counted apart as cancelled_at_end, not as failures)"
+            )
+        return failures, cancellations
