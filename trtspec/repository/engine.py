@@ -145,12 +145,15 @@ def postprocessing_config(p: EngineParams) -> mc.ModelConfig:
     )
 
 
-def bls_config(p: EngineParams, draft_model: str | None, streams: bool = True) -> mc.ModelConfig:
+def bls_config(
+    p: EngineParams, draft_model: str | None, streams: bool = True, extra: dict[str, str] | None = None
+) -> mc.ModelConfig:
     """Non-decoupled whenever a draft model is wired (the BLS speculates only without streaming) or
     the BLS cannot stream at all (trtspec's: streaming goes through the ensemble)."""
     values = {"accumulate_tokens": "False", "tensorrt_llm_model_name": "tensorrt_llm"}
     if draft_model:
         values["tensorrt_llm_draft_model_name"] = draft_model
+    values.update(extra or {})
     return model_config(
         "tensorrt_llm_bls",
         BLS_INPUTS,

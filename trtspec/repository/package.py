@@ -25,6 +25,7 @@ from trtspec.build.builder import engine_dir_for, refuse_unapplied_quantization,
 from trtspec.build.manifest import Manifest
 from trtspec.build.recipes import llm_api_options
 from trtspec.build.shared_gpu import shared_gpu_plan
+from trtspec.build.torch_engine import read_engine_config
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import TrtspecError, UsageError
 from trtspec.fsutil import replace_dir
@@ -112,7 +113,10 @@ def _engine_models(cfg: DeploymentConfig, p: engine.EngineParams, backend: str, 
         "postprocessing": engine.postprocessing_config(p),
         "tensorrt_llm": engine.tensorrt_llm_config("tensorrt_llm", p, backend, extra.get("tensorrt_llm")),
         "tensorrt_llm_bls": engine.bls_config(
-            p, "tensorrt_llm_draft" if speculating else None, streams=backend == "tensorrtllm"
+            p,
+            "tensorrt_llm_draft" if speculating else None,
+            streams=backend == "tensorrtllm",
+            extra=extra.get("tensorrt_llm_bls"),
         ),
     }
     if speculating:
@@ -146,7 +150,12 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
         if cfg.speculation.max_concurrency is not None:
             target["trtspec_max_concurrency"] = str(cfg.speculation.max_concurrency)
     draft = {**common, "trtspec_dtype": cfg.draft.dtype if cfg.draft else cfg.target.dtype}
-    extra = {"tensorrt_llm": target, "tensorrt_llm_draft": draft}
+    # the BLS refuses a request that cannot fit the target before running it (trtspec's torch BLS reads these)
+    bls = {"trtspec_max_seq_len": str(b.max_seq_len)}
+    longest = read_engine_config(engines / "target").get("build_config", {}).get("max_draft_len")
+    if longest is not None:
+        bls["trtspec_max_draft_len"] = str(longest)
+    extra = {"tensorrt_llm": target, "tensorrt_llm_draft": draft, "tensorrt_llm_bls": bls}
     models = _engine_models(cfg, p, "python", str(engines / "draft"), extra)
     engine.required_inputs_checked_by_preprocessing(models["ensemble"], models["preprocessing"])
     for name, config in models.items():

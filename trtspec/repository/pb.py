@@ -6,6 +6,7 @@ a client sends can raise out of execute() and take the instance down.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,8 @@ def error_response(model: object, exc: Exception):
     import triton_python_backend_utils as pb_utils
 
     if isinstance(exc, RequestError):
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+        one_line = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(one_line))
     import traceback
 
     pb_utils.Logger.log_error("".join(traceback.format_exception(exc)))
@@ -109,6 +111,49 @@ def scalar(request, name: str, default: Any = None) -> Any:
     if array.size == 0:
         return default
     return array.reshape(-1)[0]
+
+
+# The range every model gives temperature: 0 is greedy; above this the distribution is flat anyway.
+MAX_TEMPERATURE = 100.0
+
+
+def number(
+    request,
+    name: str,
+    default: Any,
+    low: float,
+    high: float,
+    *,
+    integer: bool = False,
+    open_low: bool = False,
+    label: str | None = None,
+) -> Any:
+    """A numeric scalar input, `default` when absent; NaN, an infinity or a value outside [low, high]
+    ((low, high] with open_low) is the client's error, answered in one line naming the input (as
+    `label`, where the client knows it by another name) and the range it accepts."""
+    raw = scalar(request, name)
+    if raw is None:
+        return default
+    exact = isinstance(raw, (int, np.integer)) and not isinstance(raw, (bool, np.bool_))
+    value = int(raw) if exact else float(raw)  # an integer compared exactly: 2**64 - 1 is a seed
+    whole = exact or (math.isfinite(value) and value.is_integer())
+    inside = (low < value if open_low else low <= value) and value <= high
+    if not (math.isfinite(value) and inside and (whole or not integer)):
+        kind = "an integer" if integer else "a number"
+        bounds = f"{'(' if open_low else '['}{_plain(low)}, {_plain(high)}]"
+        raise RequestError(f"{label or name} must be {kind} in {bounds}, got {_plain(raw)}")
+    return int(value) if integer else float(value)
+
+
+def _plain(value: Any) -> str:
+    value = value.item() if isinstance(value, np.generic) else value
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def neutral_only(name: str, neutral: dict[str, Any]) -> str:
+    """The one-line refusal of an input trtspec does not implement."""
+    accepted = f" (only {neutral[name]!r} is accepted)" if name in neutral else ""
+    return f"{name} is not supported by trtspec's torch engine{accepted}"
 
 
 def decoded(value: Any, name: str) -> str:

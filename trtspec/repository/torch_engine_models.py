@@ -15,18 +15,22 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trtspec.repository.pb import (
+    MAX_TEMPERATURE,
     BatchedPythonModel,
     PythonModel,
     RequestError,
     decoded,
     first_refused,
     given,
+    neutral_only,
+    number,
     scalar,
     utf8,
 )
@@ -58,6 +62,20 @@ NEUTRAL: dict[str, object] = {
     "return_context_logits": False,
     "stop": False,
 }
+
+
+@cache
+def ensemble_names() -> dict[str, str]:
+    """tensorrt_llm input -> the client input NVIDIA's ensemble feeds it from (runtime_top_k <- top_k)."""
+    from trtspec.repository import contract
+
+    steps = {step["model"]: step["input_map"] for step in contract.ensemble_steps()}
+    return {name: client for name, client in steps["tensorrt_llm"].items() if not client.startswith("_")}
+
+
+INT32_MAX = 2**31 - 1
+MAX_LEN_PENALTY = 1000.0
+UINT64_MAX = 2**64 - 1
 
 
 def ends_with_any(tokens: list[int], sequences: tuple[tuple[int, ...], ...]) -> bool:
@@ -168,13 +186,27 @@ class TensorRTLLMModel(BatchedPythonModel):
     def _sampling(self, request):
         from trtspec.speculative.sampling import SamplingParams
 
-        d = self.defaults
-        temperature = float(scalar(request, "temperature", d.get("temperature", 0.0)))
-        top_k = int(scalar(request, "runtime_top_k", d.get("top_k", 0)))
-        top_p = float(scalar(request, "runtime_top_p", d.get("top_p", 1.0)))
-        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-            raise RequestError(f"bad sampling: temperature {temperature}, runtime_top_k {top_k}, runtime_top_p {top_p}")
+        d, vocab = self.defaults, self.engine.target.dims.vocab_size
+        temperature = self._number(request, "temperature", float(d.get("temperature", 0.0)), 0, MAX_TEMPERATURE)
+        top_k = self._number(request, "runtime_top_k", int(d.get("top_k", 0)), 0, vocab, integer=True)
+        top_p = self._number(request, "runtime_top_p", float(d.get("top_p", 1.0)), 0, 1, open_low=True)
         return SamplingParams(temperature, top_k, top_p)
+
+    @staticmethod
+    def _number(request, name: str, default, low, high, **kind):
+        """number(), the message naming the input as the ensemble's client knows it too."""
+        client = ensemble_names().get(name)
+        label = f"{name} (the ensemble's {client})" if client and client != name else name
+        return number(request, name, default, low, high, label=label, **kind)
+
+    def _token_ids(self, request, name: str) -> list[int] | None:
+        """Token ids a request gives, each inside the vocabulary (any other would fail the batch's step)."""
+        tokens = ids(request, name)
+        vocab = self.engine.target.dims.vocab_size
+        bad = next((t for t in tokens or [] if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"{name} must hold token ids in [0, {vocab - 1}], got {bad}")
+        return tokens
 
     def _draft_logits(self, request, drafts: list[int]):
         import torch
@@ -187,6 +219,8 @@ class TensorRTLLMModel(BatchedPythonModel):
         vocab = self.engine.target.dims.vocab_size
         if values.size != len(drafts) * vocab:
             raise RequestError(f"draft_logits has {values.size} values, want {len(drafts)} drafts x vocab {vocab}")
+        if np.isnan(values).any() or np.isposinf(values).any():
+            raise RequestError("draft_logits must be finite numbers (or -inf for a token ruled out)")
         return torch.from_numpy(values.reshape(len(drafts), vocab))
 
     def submit(self, request, sender) -> None:
@@ -199,19 +233,21 @@ class TensorRTLLMModel(BatchedPythonModel):
         arrival = time.time_ns()
         refused = first_refused(request, self.declared, HONOURED | NO_EFFECT, NEUTRAL)
         if refused is not None:
-            raise RequestError(f"{refused} is not supported by trtspec's torch engine")
+            raise RequestError(neutral_only(refused, NEUTRAL))
         if word_list(request, "bad_words_list"):
             raise RequestError("bad_words_list is not supported by trtspec's torch engine")
+        self._number(request, "len_penalty", None, -MAX_LEN_PENALTY, MAX_LEN_PENALTY)  # no effect, but a number
         stop_words = word_list(request, "stop_words_list")
-        min_tokens = int(scalar(request, "min_tokens", 0))
-        prompt = ids(request, "input_ids")
+        prompt = self._token_ids(request, "input_ids")
         if not prompt:
             raise RequestError("input_ids is required and must not be empty")
-        prompt = prompt[: int(scalar(request, "input_lengths", len(prompt)))]
-        max_new = int(scalar(request, "request_output_len", 0))
-        if max_new < 1:
-            raise RequestError(f"request_output_len must be >= 1, got {max_new}")
-        drafts = ids(request, "draft_input_ids") or []
+        prompt = prompt[: self._number(request, "input_lengths", len(prompt), 1, len(prompt), integer=True)]
+        capacity = self.engine.capacity
+        if scalar(request, "request_output_len") is None:
+            raise RequestError("request_output_len is required")
+        max_new = self._number(request, "request_output_len", 0, 1, capacity, integer=True)
+        min_tokens = self._number(request, "min_tokens", 0, 0, max_new, integer=True)
+        drafts = self._token_ids(request, "draft_input_ids") or []
         if len(drafts) > self.max_draft_len:
             raise RequestError(
                 f"draft_input_ids has {len(drafts)} tokens, more than this engine's max_draft_len "
@@ -229,8 +265,8 @@ class TensorRTLLMModel(BatchedPythonModel):
             raise RequestError("streaming requires a decoupled model (decoupled_mode True)")
         end_id = int(scalar(request, "end_id", self.end_id if self.end_id is not None else -1))
         sampling = self._sampling(request)
-        seed = scalar(request, "seed")
-        generator = torch.Generator().manual_seed(int(seed) if seed is not None else secrets.randbits(63))
+        seed = self._number(request, "seed", None, 0, UINT64_MAX, integer=True)
+        generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
         exclude = bool(scalar(request, "exclude_input_in_output", self.exclude_input))
         want_logits = bool(scalar(request, "return_generation_logits", False))
         if want_logits and (drafts or self.speculates):  # NVIDIA's BLS never asks for them there
@@ -364,9 +400,7 @@ class PreprocessingModel(_TokenizerModel):
             raise RequestError("text_input is required and must not be empty")
         if scalar(request, "REQUEST_OUTPUT_LEN") is None:
             raise RequestError("max_tokens is required")
-        out_len = int(scalar(request, "REQUEST_OUTPUT_LEN"))
-        if out_len < 1:
-            raise RequestError(f"max_tokens must be >= 1, got {out_len}")
+        out_len = number(request, "REQUEST_OUTPUT_LEN", None, 1, INT32_MAX, integer=True, label="max_tokens")
         tok = self.tokenizer
         tokens = tok(query, add_special_tokens=self.special).input_ids
         end = scalar(request, "END_ID", tok.eos_token_id)
@@ -442,6 +476,10 @@ class BLSModel(PythonModel):
         }
         self.target = p.get("tensorrt_llm_model_name", "tensorrt_llm")
         self.draft = p.get("tensorrt_llm_draft_model_name")
+        # the target's positions and longest draft (trtspec's package writes them): a request that cannot
+        # fit is refused before it runs, not after the steps it could take
+        self.max_seq_len = _int(p.get("trtspec_max_seq_len"))
+        self.max_draft_len = _int(p.get("trtspec_max_draft_len"))
         # Without a draft model the BLS only forwards to tensorrt_llm, which counts (MTP speculates there).
         self.metrics = None
         if self.draft:
@@ -476,15 +514,23 @@ class BLSModel(PythonModel):
 
         arrival = time.time_ns()
         prompt = utf8(request, "text_input")
-        max_tokens = int(scalar(request, "max_tokens", 0))
-        k = int(scalar(request, "num_draft_tokens", 0))
-        use_logits = bool(scalar(request, "use_draft_logits", False))
+        if not prompt:
+            raise RequestError("text_input is required and must not be empty")
+        if scalar(request, "max_tokens") is None:
+            raise RequestError("max_tokens is required")
+        max_tokens = number(request, "max_tokens", None, 1, self.max_seq_len or INT32_MAX, integer=True)
         if bool(scalar(request, "stream", False)):
             raise RequestError("streaming is not supported by the BLS model; use the ensemble")
+        k = number(request, "num_draft_tokens", 0, 0, INT32_MAX, integer=True)
         if k > 0 and not self.draft:
             raise RequestError("cannot perform speculative decoding without draft model")
-        if k < 0:
-            raise RequestError(f"num_draft_tokens must be >= 0, got {k}")
+        if self.max_draft_len is not None and k > self.max_draft_len:
+            raise RequestError(
+                f"num_draft_tokens must be an integer in [0, {self.max_draft_len}] (the target engine's "
+                f"max_draft_len), got {k}"
+            )
+        use_logits = bool(scalar(request, "use_draft_logits", False))
+        seed = number(request, "seed", None, 0, UINT64_MAX, integer=True)
         forwarded: dict[str, dict[str, np.ndarray]] = {"preprocessing": {}, "tensorrt_llm": {}}
         for name in self.declared:
             if name in self.OWN or not given(request, name):
@@ -508,6 +554,13 @@ class BLSModel(PythonModel):
         pre = self._call("preprocessing", pre_inputs, ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_END_ID", *word_lists])
         seq = pre["INPUT_ID"][0][: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
         n_prompt = len(seq)
+        # the longest call the loop can make: the sequence before the last K drafts, K drafts, K + 1 outputs
+        need = n_prompt + max_tokens + min(k, max_tokens - 1) + 2
+        if self.max_seq_len is not None and need > self.max_seq_len:
+            raise RequestError(
+                f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) + num_draft_tokens "
+                f"({min(k, max_tokens - 1)}) need {need} positions, more than max_seq_len {self.max_seq_len}"
+            )
         stops = words(pre["STOP_WORDS_IDS"])
         common = {
             **forwarded["tensorrt_llm"],
@@ -515,8 +568,7 @@ class BLSModel(PythonModel):
             "stop_words_list": pre["STOP_WORDS_IDS"],
             "bad_words_list": pre["BAD_WORDS_IDS"],
         }
-        seed = scalar(request, "seed")
-        base = int(seed) if seed is not None else secrets.randbits(62)
+        base = seed if seed is not None else secrets.randbits(62)
         scheduled, first = time.time_ns(), 0
         steps: list[Step] = []
         # tensorrt_llm leaves the counting of a request to the BLS when it runs the draft/verify loop

@@ -18,10 +18,13 @@ import numpy as np
 import yaml
 
 from trtspec.repository.pb import (
+    MAX_TEMPERATURE,
     BatchedPythonModel,
     RequestError,
     decoded,
     first_refused,
+    neutral_only,
+    number,
     scalar,
     string_tensor,
     utf8,
@@ -79,6 +82,7 @@ class TorchLLMAPIModel(BatchedPythonModel):
         self.engine, self.defaults = engine_from_model_yaml(self.options, engines_dir=here)
         self.tokenizer = AutoTokenizer.from_pretrained(self.options["model"])
         self.max_seq_len = self.engine.capacity
+        self.vocab_size = self.engine.target.dims.vocab_size
         mode = decoding_mode(self.options)
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
         self.metrics.kv_cache(0, len(self.engine.rows) * self.engine.capacity)
@@ -90,21 +94,19 @@ class TorchLLMAPIModel(BatchedPythonModel):
         from trtspec.speculative.sampling import SamplingParams
 
         d = self.defaults
-        max_tokens = int(scalar(request, "sampling_param_max_tokens", d["max_tokens"]))
-        if max_tokens < 1:
-            raise RequestError(f"sampling_param_max_tokens must be >= 1, got {max_tokens}")
-        temperature = float(scalar(request, "sampling_param_temperature", d["temperature"]))
-        top_k = int(scalar(request, "sampling_param_top_k", d["top_k"]))
-        top_p = float(scalar(request, "sampling_param_top_p", d["top_p"]))
-        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-            raise RequestError(f"bad sampling: temperature {temperature}, top_k {top_k}, top_p {top_p}")
-        seed = scalar(request, "sampling_param_seed", d["seed"])
+        max_tokens = number(
+            request, "sampling_param_max_tokens", int(d["max_tokens"]), 1, self.max_seq_len, integer=True
+        )
+        temperature = number(request, "sampling_param_temperature", float(d["temperature"]), 0, MAX_TEMPERATURE)
+        top_k = number(request, "sampling_param_top_k", int(d["top_k"]), 0, self.vocab_size, integer=True)
+        top_p = number(request, "sampling_param_top_p", float(d["top_p"]), 0, 1, open_low=True)
+        seed = number(request, "sampling_param_seed", d["seed"], 0, 2**64 - 1, integer=True)
         stop = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         return GenerationParams(
             max_tokens=max_tokens,
             sampling=SamplingParams(temperature, top_k, top_p),
             stop_token_ids=frozenset(stop),
-            seed=None if seed is None else int(seed),
+            seed=None if seed is None else int(seed),  # a default from model.yaml may be None
         )
 
     def submit(self, request, sender) -> None:
@@ -115,7 +117,7 @@ class TorchLLMAPIModel(BatchedPythonModel):
         arrival = time.time_ns()
         refused = first_refused(request, self.declared, HONOURED, NEUTRAL)
         if refused is not None:
-            raise RequestError(f"{refused} is not supported by trtspec's torch engine")
+            raise RequestError(neutral_only(refused, NEUTRAL))
         prompt = utf8(request, "text_input")
         if prompt is None or prompt == "":
             raise RequestError("text_input is required and must not be empty")
