@@ -361,6 +361,12 @@ def package(config: Path, nvidia_models: str | None) -> None:
 @click.option("--timeout", type=click.FloatRange(1), default=300.0, help="Seconds to wait for the models to load.")
 @click.option("--detach", is_flag=True, help="Return once ready, leaving the server running (see --stop).")
 @click.option("--stop", "stop_", is_flag=True, help="Stop a server started with --detach.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the HTTP, gRPC and metrics ports bind: loopback only by default, 0.0.0.0 for all interfaces.",
+)
 def serve(
     target: Path,
     http_port: int | None,
@@ -369,6 +375,7 @@ def serve(
     timeout: float,
     detach: bool,
     stop_: bool,
+    host: str,
 ) -> None:
     """Run a real tritonserver on a config's repository (or a repository directory) until Ctrl-C."""
     from trtspec.serve.run import serve_forever, stop_detached
@@ -376,7 +383,7 @@ def serve(
     if stop_:
         click.echo(stop_detached(target))
         return
-    serve_forever(target, (http_port, grpc_port, metrics_port), timeout, detach, echo=click.echo)
+    serve_forever(target, (http_port, grpc_port, metrics_port), timeout, detach, echo=click.echo, host=host)
 
 
 @cli.command()

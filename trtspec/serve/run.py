@@ -1,5 +1,9 @@
 """`trtspec serve`: a config's repository (or any repository) on a real tritonserver, in the foreground
-until Ctrl-C/SIGTERM, or detached with a pid file for `--stop`."""
+until Ctrl-C/SIGTERM, or detached with a pid file for `--stop`.
+
+The state file records the pid with the process's start time (/proc/PID/stat) and the repository; `--stop`
+signals only a live tritonserver started for this repository at that time, so a server that died and a
+pid the system has since given to another process are never signalled (the stale file is removed)."""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trtspec.errors import UsageError
+from trtspec.errors import TrtspecError, UsageError
 from trtspec.fsutil import atomic_write_text
-from trtspec.serve.server import Ports, start_server, wait_ready
+from trtspec.serve.server import LOOPBACK, Ports, start_server, wait_ready
 
 STATE = ".trtspec-serve.json"
 
@@ -28,22 +32,59 @@ def _resolve(target: Path) -> tuple[Path, Ports]:
     return repository_dir_for(cfg), Ports(cfg.serve.http_port, cfg.serve.grpc_port, cfg.serve.metrics_port)
 
 
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if it is gone
+    or a zombie (exited, not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name in parentheses may hold spaces
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _is_our_server(state: dict, repository: Path) -> bool:
+    """A live tritonserver serving this repository, started when the state file says."""
+    pid = state.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if start_time(pid) is None or start_time(pid) != state.get("start_time"):
+        return False
+    argv = _cmdline(pid)
+    return bool(argv) and Path(argv[0]).name == "tritonserver" and f"--model-repository={repository.resolve()}" in argv
+
+
 def serve_forever(
-    target: Path, ports: tuple[int | None, int | None, int | None], timeout: float, detach: bool, echo: Callable
+    target: Path,
+    ports: tuple[int | None, int | None, int | None],
+    timeout: float,
+    detach: bool,
+    echo: Callable,
+    host: str = LOOPBACK,
 ) -> None:
     repository, defaults = _resolve(target)
     fallback = (defaults.http, defaults.grpc, defaults.metrics)
-    chosen = Ports(*(p if p is not None else d for p, d in zip(ports, fallback, strict=True)))
+    chosen = Ports(*(p if p is not None else d for p, d in zip(ports, fallback, strict=True)), host=host)
     log = repository.parent / f"{repository.name}.tritonserver.log"
     server = start_server(repository, chosen, log)
     wait_ready(server, timeout)
     if detach:  # before any output: a closed stdout must not leave a server that --stop cannot find
-        state = {"pid": server.process.pid, "workdir": str(server.workdir or ""), "log": str(log)}
+        pid = server.process.pid
+        state = {"pid": pid, "start_time": start_time(pid), "repository": str(repository.resolve())}
+        state |= {"workdir": str(server.workdir or ""), "log": str(log)}
         atomic_write_text(repository / STATE, json.dumps(state))
-    echo(f"tritonserver ready on {repository} (pid {server.process.pid}, log {log})")
-    echo(f"  HTTP    http://localhost:{chosen.http}/v2/models/<model>/generate (and generate_stream)")
-    echo(f"  gRPC    localhost:{chosen.grpc}")
-    echo(f"  metrics http://localhost:{chosen.metrics}/metrics")
+    where = chosen.client_host
+    echo(f"tritonserver ready on {repository} (pid {server.process.pid}, log {log}, listening on {chosen.host})")
+    echo(f"  HTTP    http://{where}:{chosen.http}/v2/models/<model>/generate (and generate_stream)")
+    echo(f"  gRPC    {where}:{chosen.grpc}")
+    echo(f"  metrics http://{where}:{chosen.metrics}/metrics")
     if detach:
         return
     stopping = []
@@ -70,13 +111,22 @@ def stop_detached(target: Path) -> str:
         state = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise UsageError(f"no server started with --detach for {repository}") from None
-    pid = int(state["pid"])
+    if not isinstance(state, dict) or not _is_our_server(state, repository):
+        state_file.unlink(missing_ok=True)
+        pid = state.get("pid") if isinstance(state, dict) else None
+        raise TrtspecError(
+            f"pid {pid} in {state_file} is not a tritonserver of {repository} (it exited, or the pid now belongs "
+            "to another process): removed the stale state file, signalled nothing"
+        )
+    pid = state["pid"]
     try:
         os.kill(pid, signal.SIGTERM)
         for _ in range(60):
-            os.kill(pid, 0)
+            if start_time(pid) != state["start_time"]:  # exited (a zombie counts), or the pid was reused
+                break
             time.sleep(0.5)
-        os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     if state.get("workdir"):

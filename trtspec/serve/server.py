@@ -3,11 +3,22 @@
 With the nvidia-pytriton wheel, the python backend needs this interpreter's stub copied into
 backends/python and LD_LIBRARY_PATH on this interpreter's libpython (the stub must load it); PYTHONPATH
 carries this environment's site-packages so trtspec's python models import trtspec and torch.
+
+The stub embeds Python, which finds its prefix from the first `python3` on PATH: a virtualenv's
+interpreter run by its path (systemd, cron, an entrypoint) without `activate` would give the stub the
+base installation, which lacks the virtualenv's packages (and its .pth files, such as an editable
+install's finder). So the child's PATH starts with this interpreter's bin directory, as `activate` does.
+
+Local servers bind loopback (127.0.0.1) unless told otherwise; containers pass 0.0.0.0. Every port is
+checked free on that address before starting, and readiness counts only once this server's own log
+says its HTTP service started, so another server answering on the port is never taken for this one.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,12 +33,32 @@ from pathlib import Path
 from trtspec.errors import TrtspecError, UsageError
 from trtspec.serve.locate import TritonInstall, find_tritonserver
 
+LOOPBACK = "127.0.0.1"
+ALL_INTERFACES = "0.0.0.0"
+
+# where each port comes from, for a one-line "port in use" message
+PORT_OPTIONS = {
+    "http": "--http-port or serve.http_port",
+    "grpc": "--grpc-port or serve.grpc_port",
+    "metrics": "--metrics-port or serve.metrics_port",
+}
+
 
 @dataclass
 class Ports:
     http: int = 8000
     grpc: int = 8001
     metrics: int = 8002
+    host: str = LOOPBACK  # the address all three bind (tritonserver's --http/--grpc/--metrics-address)
+
+    @property
+    def client_host(self) -> str:
+        """Where a client on this machine reaches them: loopback for a wildcard bind."""
+        host = {"0.0.0.0": LOOPBACK, "::": "::1", "": LOOPBACK}.get(self.host, self.host)
+        return f"[{host}]" if ":" in host else host
+
+    def named(self) -> dict[str, int]:
+        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics}
 
 
 @dataclass
@@ -39,7 +70,7 @@ class Server:
 
     @property
     def http_url(self) -> str:
-        return f"localhost:{self.ports.http}"
+        return f"{self.ports.client_host}:{self.ports.http}"
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (tritonserver unloads models and exits), then SIGKILL if it does not."""
@@ -81,8 +112,51 @@ def backends_for(install: TritonInstall, workdir: Path) -> Path | None:
     return backends
 
 
+def port_in_use(ports: Ports, name: str, port: int) -> UsageError:
+    option = PORT_OPTIONS[name]
+    return UsageError(f"{name} port {port} is already in use on {ports.host}: choose another with {option}")
+
+
+def check_ports(ports: Ports) -> None:
+    """Each port can be bound on the address the server will use, or a one-line error naming it.
+
+    SO_REUSEADDR as servers set it: a port left in TIME_WAIT is free, one with a listener is not. Where
+    both sides set it, some kernels (gVisor) let a wildcard bind share a port with a listener on one
+    address, so a port that accepts a connection on the address clients use counts as taken too."""
+    import socket
+
+    named = ports.named()
+    if len(set(named.values())) < len(named):
+        raise UsageError(f"the http, grpc and metrics ports must differ, got {named}")
+    family = socket.AF_INET6 if ":" in ports.host else socket.AF_INET
+    for name, port in named.items():
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((ports.host, port))
+            except PermissionError:
+                raise UsageError(
+                    f"{name} port {port} on {ports.host} needs privileges: choose another with {PORT_OPTIONS[name]}"
+                ) from None
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise port_in_use(ports, name, port) from None
+                raise UsageError(f"cannot bind {name} port {port} on {ports.host}: {exc.strerror or exc}") from None
+        try:
+            socket.create_connection((ports.client_host.strip("[]"), port), timeout=1).close()
+        except OSError:
+            continue
+        raise port_in_use(ports, name, port)
+
+
 def server_env(install: TritonInstall) -> dict[str, str]:
     env = dict(os.environ)
+    # as `activate` does: the stub's embedded Python takes its prefix from the first python3 on PATH
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p)
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+        env.pop("PYTHONHOME", None)
     libs = (install.libpython_dir, install.bundled_libs, env.get("LD_LIBRARY_PATH"))
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in libs if p)
     paths = [p for p in sys.path if p and Path(p).is_dir()]
@@ -97,13 +171,17 @@ def start_server(repository: Path, ports: Ports, log: Path) -> Server:
         raise UsageError("no tritonserver found: install trtspec with the server extra (pip install 'trtspec[server]')")
     if not repository.is_dir():
         raise UsageError(f"{repository}: no such model repository (run `trtspec package` first)")
+    check_ports(ports)
     workdir = Path(tempfile.mkdtemp(prefix="trtspec-triton-")) if install.backends_dir else None
     argv = [
         str(install.binary),
         f"--model-repository={repository.resolve()}",
         "--model-control-mode=none",
+        f"--http-address={ports.host}",
         f"--http-port={ports.http}",
+        f"--grpc-address={ports.host}",
         f"--grpc-port={ports.grpc}",
+        f"--metrics-address={ports.host}",
         f"--metrics-port={ports.metrics}",
         "--exit-timeout-secs=10",
     ]
@@ -123,17 +201,80 @@ def load_errors(log: Path) -> str:
     return " | ".join(ln.strip() for ln in picked[:3]) or "no output"
 
 
+# tritonserver's line once its HTTP endpoint listens ("Started HTTPService at 127.0.0.1:8000")
+HTTP_STARTED = "Started HTTPService at"
+
+
+def _http_started(log: Path) -> bool:
+    try:
+        return HTTP_STARTED in log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Socket inodes listening on `port` (/proc/net/tcp and tcp6); None where /proc cannot tell."""
+    inodes: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()  # sl local_address rem_address st ... uid timeout inode
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes if readable else None
+
+
+def owns_listener(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds the socket listening on `port`; None where /proc cannot tell."""
+    inodes = _listening_inodes(port)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd") if inodes is not None else None
+    except OSError:
+        fds = None
+    if fds is None:
+        return None
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
+
+
+def _exited(server: Server) -> TrtspecError:
+    """Why the child exited, in one line; a port taken between the check and the bind names its option."""
+    text = server.log.read_text(encoding="utf-8", errors="replace") if server.log.exists() else ""
+    # "failed to start HTTP service: Unavailable - Socket '127.0.0.1:8000' already in use"
+    for line in (ln for ln in text.splitlines() if "already in use" in ln):
+        for name, port in server.ports.named().items():
+            if re.search(rf":{port}\b", line):
+                return port_in_use(server.ports, name, port)
+    return TrtspecError(f"tritonserver exited ({server.process.returncode}): {load_errors(server.log)}")
+
+
 def wait_ready(server: Server, timeout: float = 180.0) -> None:
+    """Ready means this server's own HTTP endpoint started and answers ready while the process lives: its
+    log says the HTTP service started (tritonserver logs that just before binding, so on Linux the process
+    must also hold the listening socket). A 200 from another server holding the port is not this one."""
     url = f"http://{server.http_url}/v2/health/ready"
     deadline = time.time() + timeout
     while time.time() < deadline:
         if server.process.poll() is not None:
             server.stop()
-            raise TrtspecError(f"tritonserver exited ({server.process.returncode}): {load_errors(server.log)}")
+            raise _exited(server)
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
+            if _http_started(server.log):
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    ours = owns_listener(server.process.pid, server.ports.http) is not False
+                    if response.status == 200 and ours and server.process.poll() is None:
+                        return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.5)
