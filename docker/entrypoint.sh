@@ -9,4 +9,7 @@
 set -eu
 TRTSPEC_CONFIG="${TRTSPEC_CONFIG:-/etc/trtspec/trtspec.yaml}"
 export TRTSPEC_CONFIG
+# all interfaces inside the container (trtspec serve alone binds loopback); the launcher passes it on
+TRTSPEC_SERVE_HOST="${TRTSPEC_SERVE_HOST:-0.0.0.0}"
+export TRTSPEC_SERVE_HOST
 exec "${TRTSPEC_PYTHON:-python3}" -m trtspec.deploy.launch "$@"

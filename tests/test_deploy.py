@@ -252,17 +252,19 @@ def test_k8s_goldens(key, tmp_path):
 
 def test_ranks_follow_launch_triton_server_py():
     """The per-rank blocks of TensorRT-LLM's scripts/launch_triton_server.py (reference §1.12)."""
-    ports = Ports(8000, 8001, 8002)
+    ports = Ports(8000, 8001, 8002, host="0.0.0.0")  # what the in-container launcher passes
     assert rank_argv(0, Path("/r"), ports, ["tensorrt_llm"], False) == [
         "-n", "1", "/opt/tritonserver/bin/tritonserver", "--model-repository=/r",
-        "--grpc-port=8001", "--http-port=8000", "--metrics-port=8002",
+        "--grpc-address=0.0.0.0", "--grpc-port=8001", "--http-address=0.0.0.0", "--http-port=8000",
+        "--metrics-address=0.0.0.0", "--metrics-port=8002",
         "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix0_",
         "--metrics-config=histogram_latencies=true",  # trtspec's addition, for the dashboard's TTFT panel
     ]  # fmt: skip
     assert rank_argv(2, Path("/r"), ports, ["tensorrt_llm"], True) == [
         "-n", "1", "trtllm-llmapi-launch", "/opt/tritonserver/bin/tritonserver", "--model-repository=/r",
         "--model-control-mode=explicit", "--load-model=tensorrt_llm",
-        "--grpc-port=8001", "--http-port=8000", "--metrics-port=8002",
+        "--grpc-address=0.0.0.0", "--grpc-port=8001", "--http-address=0.0.0.0", "--http-port=8000",
+        "--metrics-address=0.0.0.0", "--metrics-port=8002",
         "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix2_",
     ]  # fmt: skip
 
@@ -314,6 +316,7 @@ def test_serve_dispatch_per_backend(tmp_path):
     assert env == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
     argv, env = serve_argv(load_config(CONFIGS / VARIANTS["cpu"]), tmp_path / "c.yaml", repo, 1800)
     assert argv[1:5] == ["-m", "trtspec", "serve", str(tmp_path / "c.yaml")] and argv[-2:] == ["--timeout", "1800"]
+    assert argv[5:7] == ["--host", "0.0.0.0"]  # in a container: all interfaces (trtspec serve alone: loopback)
 
 
 def test_launcher_errors_are_one_line(monkeypatch, capsys, tmp_path):

@@ -68,7 +68,9 @@ def compose(cfg: DeploymentConfig, out: Path) -> dict[str, Any]:
         "triton": {
             **copy.deepcopy(common),
             "command": ["serve"],
-            "ports": [f"{p}:{p}" for p in (s.http_port, s.grpc_port, s.metrics_port)],
+            # the server binds all interfaces inside the container; the host publishes on loopback only
+            "environment": {**common["environment"], "TRTSPEC_SERVE_HOST": "0.0.0.0"},
+            "ports": [f"127.0.0.1:{p}:{p}" for p in (s.http_port, s.grpc_port, s.metrics_port)],
             "depends_on": {"build": {"condition": "service_completed_successfully"}},
             "restart": "unless-stopped",
         },

@@ -111,6 +111,8 @@ def _container(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: 
     }
     if serving:
         s = cfg.serve
+        # all interfaces, said explicitly: `trtspec serve` alone binds loopback, which no Service reaches
+        env.append({"name": "TRTSPEC_SERVE_HOST", "value": "0.0.0.0"})
         container["ports"] = [
             {"name": "http", "containerPort": s.http_port},
             {"name": "grpc", "containerPort": s.grpc_port},

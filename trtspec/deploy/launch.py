@@ -23,7 +23,7 @@ from pathlib import Path
 from trtspec.config import DeploymentConfig, load_config
 from trtspec.deploy.topology import CONFIG_PATH, orchestrated, topology
 from trtspec.errors import TrtspecError, UsageError
-from trtspec.serve.server import Ports
+from trtspec.serve.server import ALL_INTERFACES, Ports
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
@@ -45,8 +45,11 @@ def rank_argv(
         argv.append("--model-control-mode=explicit")
         argv += [f"--load-model={name}" for name in models]
     argv += [
+        f"--grpc-address={ports.host}",
         f"--grpc-port={ports.grpc}",
+        f"--http-address={ports.host}",
         f"--http-port={ports.http}",
+        f"--metrics-address={ports.host}",
         f"--metrics-port={ports.metrics}",
         "--disable-auto-complete-config",
         f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
@@ -87,8 +90,15 @@ def orchestrator_argv(cfg: DeploymentConfig, repository: Path, ports: Ports, bin
 ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
 
 
+def serve_host() -> str:
+    """Inside a container the ports must be reachable from outside it: all interfaces, explicitly (the
+    manifests and the compose file also set TRTSPEC_SERVE_HOST=0.0.0.0), where `trtspec serve` run on a
+    machine binds loopback only."""
+    return os.environ.get("TRTSPEC_SERVE_HOST") or ALL_INTERFACES
+
+
 def _ports(cfg: DeploymentConfig) -> Ports:
-    return Ports(cfg.serve.http_port, cfg.serve.grpc_port, cfg.serve.metrics_port)
+    return Ports(cfg.serve.http_port, cfg.serve.grpc_port, cfg.serve.metrics_port, host=serve_host())
 
 
 def _repository(cfg: DeploymentConfig) -> Path:
@@ -121,7 +131,8 @@ def serve_argv(cfg: DeploymentConfig, config_path: Path, repository: Path, load_
         return orchestrator_argv(cfg, repository, _ports(cfg)), ORCHESTRATOR_ENV
     if cfg.build.backend != "torch":
         return mpirun_argv(cfg, repository, _ports(cfg)), {}
-    return [sys.executable, "-m", "trtspec", "serve", str(config_path), "--timeout", str(int(load_s))], {}
+    argv = [sys.executable, "-m", "trtspec", "serve", str(config_path), "--host", serve_host()]
+    return [*argv, "--timeout", str(int(load_s))], {}
 
 
 def _exec(argv: list[str], env: dict[str, str]) -> int:
