@@ -312,6 +312,55 @@ def test_a_second_build_during_a_running_one_refuses_and_the_first_completes(run
         assert (engines / role / "model.safetensors").is_file() and (engines / role / "engine.json").is_file()
 
 
+@pytest.mark.parametrize("stage", ["target", "draft"])
+def test_a_build_killed_at_each_step_resumes_to_the_same_bytes(tmp_path, stage):
+    """SIGKILL while a step's output is staged (the draft's: after the target is in place and recorded);
+    the next build redoes only what was not finished and ends byte-identical to an uninterrupted one.
+    Every step holds its staging for HOLD_ENV seconds; 5 s is enough to catch the draft's, and lets the
+    target's pass first."""
+    reference = torch_pair(tmp_path / "reference")
+    done = subprocess.run(
+        [sys.executable, "-m", "trtspec", "build", str(reference), "--no-package"],
+        cwd=reference.parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    config = torch_pair(tmp_path / "killed")
+    engines = config.parent / "engines" / "pair"
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "trtspec", "build", str(config), "--no-package"],
+        cwd=config.parent, env={**os.environ, builder.HOLD_ENV: "60" if stage == "target" else "5"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while not list(engines.glob(f".staging-{stage}-*/engine.json")):
+            assert killed.poll() is None, "the build ended before it could be killed"
+            assert time.time() < deadline, f"the build never reached its {stage} step"
+            time.sleep(0.05)
+        os.killpg(killed.pid, 9)
+        killed.wait(timeout=30)
+    finally:
+        if killed.poll() is None:
+            os.killpg(killed.pid, 9)
+            killed.wait()
+    before = Manifest.load(engines)
+    recorded = set(before.steps) if before else set()
+    assert recorded == ({"target"} if stage == "draft" else set())
+    resumed = subprocess.run(
+        [sys.executable, "-m", "trtspec", "build", str(config), "--no-package", "--json"],
+        cwd=config.parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert report["built"] == (["draft"] if stage == "draft" else ["target", "draft"])
+    assert not list(engines.glob(".staging-*"))
+
+    def engine_files(root: Path) -> dict[str, bytes]:
+        return {k: v for k, v in snapshot(root).items() if k != "manifest.json"}
+
+    assert engine_files(engines) == engine_files(reference.parent / "engines" / "pair")
+
+
 # --- hostile config values ------------------------------------------------------------------------
 
 
