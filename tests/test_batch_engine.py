@@ -281,3 +281,40 @@ def test_calibration_measures_every_batch_size_and_k_and_leaves_the_engine_empty
     assert set(policy.costs) >= {1, 2, 4} and all(set(policy.costs[b]) >= {0, 1, 2} for b in (1, 2, 4))
     assert engine.running == 0 and not engine.waiting and int(engine.cached.sum()) == 0
     assert policy.steps_with_drafts == 0  # drafts on random tokens say nothing about acceptance
+
+
+def test_a_failing_answer_still_sends_the_client_an_error_and_the_loop_serves_on(pair):
+    """A bug while building one request's final response (on the responder thread) must still end that
+    request with an error, or its client waits for ever; the other requests are unaffected."""
+    import threading
+    import time
+
+    from trtspec.repository.engine_loop import INTERNAL_ERROR, EngineLoop
+
+    engine = runners(pair)["draft-target"].engine(slots=2)
+    logged: list[str] = []
+    loop = EngineLoop(engine, log_error=logged.append)
+    answers: dict[str, list[str | None]] = {"broken": [], "good": []}
+    finished = threading.Event()
+
+    def broken(seq, error):
+        answers["broken"].append(error)
+        if error is None:
+            raise RuntimeError("building the response failed")
+
+    def good(seq, error):
+        answers["good"].append(error)
+        finished.set()
+
+    try:
+        loop.submit(Sequence(PROMPTS[0], GREEDY), broken)
+        loop.submit(Sequence(PROMPTS[1], GREEDY), good)
+        assert finished.wait(60)
+        deadline = time.monotonic() + 30
+        while len(answers["broken"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        loop.close()
+    assert answers["broken"] == [None, INTERNAL_ERROR]
+    assert answers["good"] == [None]
+    assert any("building the response failed" in m for m in logged)

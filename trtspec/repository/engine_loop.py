@@ -24,6 +24,7 @@ from trtspec.speculative.batch import BatchEngine, Sequence
 Done = Callable[[Sequence, str | None], None]
 CANCEL_POLL_S = 0.5  # how often running requests are asked whether their client went away
 REPORT_EVERY_S = 0.25  # how often the batch gauges follow the running batch (and always when it empties)
+INTERNAL_ERROR = "internal error in trtspec's batch engine (see the server log)"
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class EngineLoop:
 
                 self.log_error(traceback.format_exc())
                 for seq in self.engine.reset():
-                    self._finish(seq, "internal error in trtspec's batch engine (see the server log)")
+                    self._finish(seq, INTERNAL_ERROR)
                 continue
             self._report()  # before answering: a client that reads the metrics next sees this step
             for seq in finished:
@@ -157,7 +158,20 @@ class EngineLoop:
         self.cancel_checks.pop(id(seq), None)
         done = self.done.pop(id(seq), None)
         if done is not None:
-            self.defer(lambda: done(seq, error))
+            self.defer(lambda: self._answer(done, seq, error))
+
+    def _answer(self, done: Done, seq: Sequence, error: str | None) -> None:
+        """`done`, and if building the answer fails (a bug), the error answer instead: a client whose
+        final response is never sent waits for ever."""
+        try:
+            done(seq, error)
+        except Exception:
+            if error is not None:
+                raise  # even the error answer failed: the responder logs it
+            import traceback
+
+            self.log_error(traceback.format_exc())
+            done(seq, INTERNAL_ERROR)
 
 
 def _safe(check: Callable[[], bool]) -> bool:
