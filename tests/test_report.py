@@ -289,3 +289,20 @@ def test_text_from_the_summary_is_escaped_and_missing_parts_say_why(tmp_path):
     assert "no baseline to compare with" in page and "not lossless" in page
     assert "id='fig-speedup-omitted'" in page and "id='fig-latency-cdf-omitted'" in page
     assert "<img" in page  # throughput against load needs no baseline and no records
+
+
+def test_requests_cut_at_a_timed_levels_end_are_not_listed_as_failures():
+    from trtspec.bench.records import CANCELLED_AT_END
+    from trtspec.bench.report import levels_section
+
+    target = {
+        "requests": 10,
+        "completed": 7,
+        "failed": 3,
+        "cancelled_at_end": 2,
+        "errors": [CANCELLED_AT_END, "HTTP 500"],
+    }
+    page = levels_section({"levels": [{"level": "c=4", "targets": {"A": target}}]})
+    assert "c=4 A: 1 of 10 failed (HTTP 500)" in page
+    assert "c=4 A: 2 still running at the level&#x27;s end, cancelled by design" in page
+    assert "3 of 10 failed" not in page

@@ -17,7 +17,7 @@ import io
 import json
 from pathlib import Path
 
-from trtspec.bench.records import RequestRecord
+from trtspec.bench.records import CANCELLED_AT_END, RequestRecord
 from trtspec.fsutil import atomic_write_text
 
 CSV_COLUMNS = (
@@ -467,9 +467,12 @@ def levels_section(summary: dict) -> str:
         if lv.get("aborted"):
             problems.append(f"{lv['level']}: aborted, {lv['aborted']}")
         for label, s in lv["targets"].items():
-            if s.get("failed"):
-                first = (s.get("errors") or ["?"])[0]
-                problems.append(f"{lv['level']} {label}: {s['failed']} of {s.get('requests')} failed ({first})")
+            cut = s.get("cancelled_at_end") or 0
+            if (s.get("failed") or 0) > cut:
+                first = next((e for e in s.get("errors") or [] if e != CANCELLED_AT_END), "?")
+                problems.append(f"{lv['level']} {label}: {s['failed'] - cut} of {s.get('requests')} failed ({first})")
+            if cut:
+                problems.append(f"{lv['level']} {label}: {cut} still running at the level's end, cancelled by design")
     return (
         "<section id='levels'><h2>Each level</h2>" + table(heads, body, "num")
         + "<p class='note'>Times in ms; latency is end to end from the scheduled send time. Full detail "
