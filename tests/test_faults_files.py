@@ -401,3 +401,94 @@ def test_errors_do_not_echo_a_huge_path_or_value(runner, tmp_path):
     config.write_text(yaml.safe_dump(data))
     line = one_line_error(runner.invoke(cli, ["validate", str(config)]), 2)
     assert len(line) < 1000 and "name: must be a DNS-1123 label" in line
+
+
+def test_a_filesystem_without_locks_builds_with_a_warning(runner, tmp_path, monkeypatch):
+    """NFS without lockd or a FUSE volume answers flock with ENOLCK: the build goes on, unguarded, and says so."""
+    monkeypatch.chdir(tmp_path)
+    config = torch_pair(tmp_path)
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(builder.fcntl, "flock", no_locks)
+    res = runner.invoke(cli, ["build", str(config), "--no-package"])
+    assert res.exit_code == 0, res.output
+    assert "this filesystem has no file locks" in res.output
+    assert Manifest.load(tmp_path / "engines" / "pair").steps.keys() == {"target", "draft"}
+
+
+def test_another_users_lock_file_still_locks(runner, tmp_path, monkeypatch):
+    """A lock file left by another user of a shared engine directory is not writable here; flock on a
+    read-only descriptor still excludes a second build, and the build itself runs."""
+    monkeypatch.chdir(tmp_path)
+    config = torch_pair(tmp_path)
+    real_open = os.open
+
+    def foreign(path, flags, *args):
+        if str(path).endswith(LOCK) and flags & os.O_RDWR:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    engines = tmp_path / "engines" / "pair"
+    engines.mkdir(parents=True)
+    (engines / LOCK).write_text("4242\n")
+    monkeypatch.setattr(builder.os, "open", foreign)
+    holder = real_open(engines / LOCK, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        line = one_line_error(runner.invoke(cli, ["build", str(config), "--no-package"]), 1)
+        assert "another build (pid 4242)" in line
+    finally:
+        os.close(holder)
+    res = runner.invoke(cli, ["build", str(config), "--no-package"])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "value", "words"),
+    [
+        ("sampling", "seed", 10**30, "must be <= 18446744073709551615"),
+        ("sampling", "seed", -5, "must be >= 0"),
+        ("build", "max_seq_len", 10**12, "must be <= 2147483647"),
+        ("build", "gpu_memory_gb", float("inf"), "finite number"),
+    ],
+)
+def test_config_numbers_the_runtime_cannot_take_are_refused(runner, tmp_path, section, field, value, words):
+    """A seed torch cannot take failed every served request; lengths past int32 or an infinite memory size
+    passed validation and failed later."""
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    (data["speculation"]["sampling"] if section == "sampling" else data[section])[field] = value
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data))
+    line = one_line_error(runner.invoke(cli, ["validate", str(config)]), 2)
+    assert words in line and field in line
+
+
+def test_a_full_disk_under_the_bench_records_is_one_line_and_keeps_earlier_records(tmp_path):
+    """requests.jsonl is appended, not staged: the error must not claim nothing was half-written, and
+    the records already flushed stay whole."""
+    from trtspec.bench.records import RecordWriter, RequestRecord, read_records
+    from trtspec.errors import TrtspecError
+
+    def record(index: int) -> RequestRecord:
+        return RequestRecord(index, "A", "c=1", "measure", 0, None, 8, 16, 0.0)
+
+    path = tmp_path / "requests.jsonl"
+    writer = RecordWriter(path)
+    writer.write(record(0))
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")  # no filename, as a file object raises it
+
+        def flush(self):
+            pass
+
+    writer._fh, real = FullDisk(), writer._fh
+    with pytest.raises(TrtspecError) as caught:
+        writer.write(record(1))
+    real.close()
+    assert str(caught.value) == f"no space left on the device while writing {path}: free space and re-run"
+    assert caught.value.exit_code == 1
+    assert [r.index for r in read_records(path)] == [0]

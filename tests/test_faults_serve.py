@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,7 @@ from trtspec.errors import UsageError
 from trtspec.serve import server as server_mod
 from trtspec.serve.locate import find_tritonserver
 from trtspec.serve.run import STATE
-from trtspec.serve.server import Ports, free_ports, start_server, wait_ready
+from trtspec.serve.server import WORKDIR_PREFIX, Ports, free_ports, start_server, wait_ready
 
 needs_triton = pytest.mark.skipif(find_tritonserver() is None, reason="no tritonserver (install the server extra)")
 NAME = "faults"
@@ -172,20 +173,55 @@ def test_stop_refuses_a_state_file_naming_an_unrelated_process(tmp_path, unrelat
     res = trtspec("serve", str(tmp_path), "--stop", cwd=tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     assert res.stderr == (
-        f"trtspec: error: pid {unrelated.pid} in {tmp_path / STATE} is not a tritonserver of {tmp_path} (it exited,"
-        " or the pid now belongs to another process): removed the stale state file, signalled nothing\n"
+        f"trtspec: error: pid {unrelated.pid} in {tmp_path / STATE} is not a tritonserver of {tmp_path} (the pid"
+        " now belongs to another process): removed the stale state file, signalled nothing\n"
     )
     assert unrelated.poll() is None, "the unrelated process was signalled"
     assert not (tmp_path / STATE).exists()
 
 
-def test_stop_removes_a_state_file_of_a_server_that_died(tmp_path):
+def test_stop_of_a_server_that_died_removes_its_files_and_succeeds(tmp_path):
+    """Idempotent teardown (systemd ExecStop, CI clean-up): a server already gone is not an error."""
     gone = subprocess.Popen(["true"])
     gone.wait()
-    (tmp_path / STATE).write_text(json.dumps({"pid": gone.pid, "start_time": 1, "workdir": "", "log": ""}))
+    workdir = tmp_path / f"{WORKDIR_PREFIX}gone"
+    (workdir / "backends").mkdir(parents=True)
+    state = {"pid": gone.pid, "start_time": 1, "workdir": str(workdir), "log": ""}
+    (tmp_path / STATE).write_text(json.dumps(state))
     res = trtspec("serve", str(tmp_path), "--stop", cwd=tmp_path)
-    assert res.returncode == 1 and "removed the stale state file, signalled nothing" in res.stderr
-    assert res.stderr.count("\n") == 1 and not (tmp_path / STATE).exists()
+    assert res.returncode == 0, res.stderr
+    assert f"tritonserver pid {gone.pid} was not running: removed its state file" in res.stdout
+    assert not (tmp_path / STATE).exists() and not workdir.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_stop_finds_a_live_server_from_a_state_file_without_a_start_time(tmp_path):
+    """A state file written before start times were recorded still stops its server (checked by its
+    command line), instead of orphaning it. A python process named tritonserver plays the server."""
+    fake = tmp_path / "bin" / "tritonserver"
+    fake.parent.mkdir()
+    fake.symlink_to(sys.executable)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    server = subprocess.Popen(
+        [str(fake), "-c", "import time; time.sleep(120)", f"--model-repository={repo.resolve()}"],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 10
+        while not Path(f"/proc/{server.pid}/cmdline").read_bytes().startswith(str(fake).encode()):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        (repo / STATE).write_text(json.dumps({"pid": server.pid, "workdir": "", "log": ""}))
+        res = trtspec("serve", str(repo), "--stop", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert f"stopped tritonserver pid {server.pid}" in res.stdout
+        assert server.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert not (repo / STATE).exists()
 
 
 # ---- 13 and loopback: a virtualenv run by its path, bound to loopback
@@ -265,6 +301,12 @@ def test_the_port_check_uses_the_address_the_server_binds(tmp_path):
                 server_mod.check_ports(Ports(port, *free_ports(2), host=host))
 
 
+@pytest.mark.parametrize("host", ["localhost", "::1", "0.0.0.0; rm -rf /", ""])
+def test_a_host_that_is_not_an_ipv4_address_is_refused_before_start(host):
+    with pytest.raises(UsageError, match=r"--host takes an IPv4 address"):
+        server_mod.check_ports(Ports(*free_ports(3), host=host))
+
+
 def test_containers_bind_all_interfaces_and_compose_publishes_on_loopback(tmp_path, monkeypatch):
     monkeypatch.delenv("TRTSPEC_SERVE_HOST", raising=False)
     cfg = load_config(CONFIGS / "tiny-draft-target.yaml")
@@ -277,3 +319,19 @@ def test_containers_bind_all_interfaces_and_compose_publishes_on_loopback(tmp_pa
     assert {f"--{n}-address=0.0.0.0" for n in ("http", "grpc", "metrics")} <= set(rank)
     for entrypoint in ("Dockerfile", "Dockerfile.cpu", "entrypoint.sh"):
         assert "TRTSPEC_SERVE_HOST" in (CONFIGS.parent / "docker" / entrypoint).read_text()
+
+
+def test_serve_takes_its_address_from_the_variable_the_images_set(runner, tmp_path, monkeypatch):
+    """A container whose own command runs `trtspec serve` gets the images' TRTSPEC_SERVE_HOST."""
+    import trtspec.serve.run as run_mod
+    from trtspec.cli import cli
+
+    seen = {}
+    monkeypatch.setattr(run_mod, "serve_forever", lambda *args, host, **kwargs: seen.setdefault("host", host))
+    monkeypatch.setenv("TRTSPEC_SERVE_HOST", "0.0.0.0")
+    assert runner.invoke(cli, ["serve", str(tmp_path)]).exit_code == 0
+    assert seen["host"] == "0.0.0.0"
+    monkeypatch.delenv("TRTSPEC_SERVE_HOST")
+    seen.clear()
+    assert runner.invoke(cli, ["serve", str(tmp_path)]).exit_code == 0
+    assert seen["host"] == "127.0.0.1"

@@ -365,7 +365,9 @@ def package(config: Path, nvidia_models: str | None) -> None:
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address the HTTP, gRPC and metrics ports bind: loopback only by default, 0.0.0.0 for all interfaces.",
+    envvar="TRTSPEC_SERVE_HOST",
+    help="Address the HTTP, gRPC and metrics ports bind: loopback only by default, 0.0.0.0 for all interfaces "
+    "(also $TRTSPEC_SERVE_HOST, which the images set).",
 )
 def serve(
     target: Path,

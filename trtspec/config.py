@@ -56,9 +56,10 @@ def _no_bool(kind: str, what: str) -> BeforeValidator:
     return BeforeValidator(check)
 
 
+INT32_MAX = 2**31 - 1  # TensorRT-LLM's lengths and counts are int32
 Int = Annotated[int, _no_bool("int_type", "a valid integer")]
-Float = Annotated[float, _no_bool("float_type", "a valid number")]
-PositiveInt = Annotated[Int, Field(ge=1)]
+Float = Annotated[float, _no_bool("float_type", "a valid number"), Field(allow_inf_nan=False)]
+PositiveInt = Annotated[Int, Field(ge=1, le=INT32_MAX)]
 Port = Annotated[Int, Field(ge=1, le=65535)]
 Fraction = Annotated[Float, Field(gt=0.0, le=1.0)]  # (0, 1]
 
@@ -92,10 +93,10 @@ class SamplingSection(_Section):
     """Defaults for requests that do not say; temperature 0 means greedy."""
 
     temperature: Float = Field(default=0.0, ge=0.0, le=100.0)
-    top_k: Int = Field(default=0, ge=0)
+    top_k: Int = Field(default=0, ge=0, le=INT32_MAX)
     top_p: Fraction = 1.0
     max_tokens: PositiveInt = 128
-    seed: Int | None = None
+    seed: Annotated[Int, Field(ge=0, le=2**64 - 1)] | None = None  # a UINT64, as the served models take it
 
 
 class SpeculationSection(_Section):

@@ -32,12 +32,14 @@ def _reason(exc: OSError) -> str:
     return shorten(_REASONS.get(exc.errno or 0) or exc.strerror or str(exc))
 
 
-def write_error(exc: OSError, where: str | Path) -> TrtspecError:
-    """One line naming `where` and why it cannot be written: exit 1 for a full disk, 2 otherwise."""
+def write_error(exc: OSError, where: str | Path, atomic: bool = True) -> TrtspecError:
+    """One line naming `where` and why it cannot be written: exit 1 for a full disk, 2 otherwise.
+    `atomic`: the write was staged and renamed, so it can say that nothing was left half-written."""
     where = shorten(where)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         full = "no space left on the device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
-        return TrtspecError(f"{full} while writing {where}; nothing was left half-written: free space and re-run")
+        kept = "; nothing was left half-written" if atomic else ""
+        return TrtspecError(f"{full} while writing {where}{kept}: free space and re-run")
     return UsageError(f"cannot write {where}: {_reason(exc)}")
 
 
@@ -47,7 +49,7 @@ def path_error(exc: OSError) -> TrtspecError | None:
     if exc.filename is None:
         return None
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return write_error(exc, exc.filename)
+        return write_error(exc, exc.filename, atomic=False)  # whoever wrote it did not say how
     return UsageError(f"{shorten(exc.filename)}: {_reason(exc)}")
 
 

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from trtspec.fsutil import write_error
+
 # the error of a request a duration-bounded level cut at its end (--duration + --grace): counted apart
 CANCELLED_AT_END = "cancelled: still running when the level's grace period ended"
 
@@ -100,8 +102,11 @@ class RecordWriter:
         self._fh: IO[str] = path.open("a", encoding="utf-8")
 
     def write(self, record: RequestRecord) -> None:
-        self._fh.write(json.dumps(record.as_json()) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(json.dumps(record.as_json()) + "\n")
+            self._fh.flush()
+        except OSError as exc:  # a full disk: the records before this one are on disk, whole
+            raise write_error(exc, self.path, atomic=False) from None
 
     def close(self) -> None:
         self._fh.close()

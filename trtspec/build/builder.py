@@ -8,12 +8,14 @@ from the first step whose inputs changed.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -379,7 +381,11 @@ def build_lock(engine_dir: Path) -> Iterator[None]:
     (flock), so it goes away with the process, however it ends; the file stays."""
     path = engine_dir / LOCK_FILE
     with writing(path):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # group-shared engine dirs: the umask decides
+            writable = True
+        except PermissionError:  # another user's lock file: flock works on a read-only descriptor too
+            fd, writable = os.open(path, os.O_RDONLY), False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -391,9 +397,14 @@ def build_lock(engine_dir: Path) -> Iterator[None]:
                 "wait for it to finish, or stop it, and re-run"
             ) from None
         except OSError as exc:
-            raise write_error(exc, path) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise write_error(exc, path) from None
+            # a filesystem without locks (NFS without lockd, some FUSE volumes): build unguarded, as before
+            print(f"trtspec: warning: {shorten(path)}: this filesystem has no file locks; "
+                  "two builds of this directory at once are not prevented", file=sys.stderr)  # fmt: skip
+        if writable:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from trtspec.errors import TrtspecError, UsageError
 from trtspec.fsutil import atomic_write_text
-from trtspec.serve.server import LOOPBACK, Ports, start_server, wait_ready
+from trtspec.serve.server import LOOPBACK, WORKDIR_PREFIX, Ports, start_server, wait_ready
 
 STATE = ".trtspec-serve.json"
 
@@ -55,8 +56,9 @@ def _is_our_server(state: dict, repository: Path) -> bool:
     pid = state.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return False
-    if start_time(pid) is None or start_time(pid) != state.get("start_time"):
-        return False
+    started = start_time(pid)
+    if started is None or ("start_time" in state and started != state["start_time"]):
+        return False  # gone, or the pid was reused (a state file from before 0.x has no start time)
     argv = _cmdline(pid)
     return bool(argv) and Path(argv[0]).name == "tritonserver" and f"--model-repository={repository.resolve()}" in argv
 
@@ -105,33 +107,44 @@ def serve_forever(
 
 
 def stop_detached(target: Path) -> str:
+    """Stop the server --detach started, only if the state file's pid is still that server; a server that is
+    gone is fine (exit 0, its files removed); a pid now held by another process is refused, untouched."""
     repository, _ = _resolve(target)
     state_file = repository / STATE
     try:
         state = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise UsageError(f"no server started with --detach for {repository}") from None
-    if not isinstance(state, dict) or not _is_our_server(state, repository):
+    if not isinstance(state, dict):
         state_file.unlink(missing_ok=True)
-        pid = state.get("pid") if isinstance(state, dict) else None
-        raise TrtspecError(
-            f"pid {pid} in {state_file} is not a tritonserver of {repository} (it exited, or the pid now belongs "
-            "to another process): removed the stale state file, signalled nothing"
-        )
-    pid = state["pid"]
+        raise TrtspecError(f"{state_file} is not a state file trtspec wrote: removed it, signalled nothing")
+    pid = state.get("pid")
+    if not _is_our_server(state, repository):
+        _remove_state(state, state_file)
+        if isinstance(pid, int) and pid > 0 and start_time(pid) is not None:
+            raise TrtspecError(
+                f"pid {pid} in {state_file} is not a tritonserver of {repository} (the pid now belongs to another "
+                "process): removed the stale state file, signalled nothing"
+            )
+        return f"tritonserver pid {pid} was not running: removed its state file"
+    started = start_time(pid)
     try:
         os.kill(pid, signal.SIGTERM)
         for _ in range(60):
-            if start_time(pid) != state["start_time"]:  # exited (a zombie counts), or the pid was reused
+            if start_time(pid) != started:  # exited (a zombie counts: None), or the pid was reused
                 break
             time.sleep(0.5)
         else:
             os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    if state.get("workdir"):
-        import shutil
-
-        shutil.rmtree(state["workdir"], ignore_errors=True)
-    state_file.unlink(missing_ok=True)
+    _remove_state(state, state_file)
     return f"stopped tritonserver pid {pid}"
+
+
+def _remove_state(state: dict, state_file: Path) -> None:
+    """The state file and the server's scratch directory (only one `start_server` made)."""
+    workdir = state.get("workdir")
+    if isinstance(workdir, str) and Path(workdir).name.startswith(WORKDIR_PREFIX):
+        shutil.rmtree(workdir, ignore_errors=True)
+    state_file.unlink(missing_ok=True)

@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.errors import TrtspecError, UsageError
+from trtspec.errors import TrtspecError, UsageError, shorten
 from trtspec.serve.locate import TritonInstall, find_tritonserver
 
 LOOPBACK = "127.0.0.1"
@@ -42,6 +42,8 @@ PORT_OPTIONS = {
     "grpc": "--grpc-port or serve.grpc_port",
     "metrics": "--metrics-port or serve.metrics_port",
 }
+
+WORKDIR_PREFIX = "trtspec-triton-"  # the server's scratch copy of the backends (removed when it stops)
 
 
 @dataclass
@@ -123,8 +125,17 @@ def check_ports(ports: Ports) -> None:
     SO_REUSEADDR as servers set it: a port left in TIME_WAIT is free, one with a listener is not. Where
     both sides set it, some kernels (gVisor) let a wildcard bind share a port with a listener on one
     address, so a port that accepts a connection on the address clients use counts as taken too."""
+    import ipaddress
     import socket
 
+    try:
+        ipv4 = ipaddress.ip_address(ports.host).version == 4
+    except ValueError:
+        ipv4 = False
+    if not ipv4:  # a name or an IPv6 address would reach tritonserver's flags unchecked
+        raise UsageError(
+            f"--host takes an IPv4 address (127.0.0.1, 0.0.0.0 or one of this host's), got {shorten(ports.host)!r}"
+        )
     named = ports.named()
     if len(set(named.values())) < len(named):
         raise UsageError(f"the http, grpc and metrics ports must differ, got {named}")
@@ -172,7 +183,7 @@ def start_server(repository: Path, ports: Ports, log: Path) -> Server:
     if not repository.is_dir():
         raise UsageError(f"{repository}: no such model repository (run `trtspec package` first)")
     check_ports(ports)
-    workdir = Path(tempfile.mkdtemp(prefix="trtspec-triton-")) if install.backends_dir else None
+    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX)) if install.backends_dir else None
     argv = [
         str(install.binary),
         f"--model-repository={repository.resolve()}",
