@@ -282,7 +282,8 @@ def test_an_error_inside_a_200_stream_is_counted(openai_server, tmp_path):
         "bench", f"openai://127.0.0.1:{port}/tiny", "--tokenizer", TOKENIZER, "--num-requests", "6",
         "--input-len", "16", "--output-len", "8", "--out", str(out), cwd=tmp_path,
     )  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == 1, res.stdout + res.stderr  # measured requests failed: the run says so and fails
+    assert "4 of 6 measured requests failed" in res.stdout + res.stderr
     a = json.loads((out / "summary.json").read_text())["levels"][0]["targets"]["A"]
     assert (a["completed"], a["failed"]) == (2, 4)
     assert a["errors"] == ["engine failed"]
