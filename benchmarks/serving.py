@@ -52,6 +52,8 @@ def config_for(mode: str, flavour: str, workdir: Path, name: str | None = None, 
     data = yaml.safe_load((REPO / "configs" / MODES[mode]).read_text())
     data["name"] = name or f"{flavour}-{mode}"
     data["serve"].update(flavour=flavour, streaming=not (flavour == "engine" and mode == "draft-target"))
+    if mode != "none":  # the configured K, as in-process runs it (adaptive K is benchmarks/batching.py's subject)
+        data["speculation"]["policy"] = "fixed"
     for section, values in (overrides or {}).items():
         data.setdefault(section, {}).update(values)
     data["build"]["output_dir"] = str(workdir / "engines")

@@ -293,7 +293,7 @@ def test_a_failing_answer_still_sends_the_client_an_error_and_the_loop_serves_on
 
     engine = runners(pair)["draft-target"].engine(slots=2)
     logged: list[str] = []
-    loop = EngineLoop(engine, log_error=logged.append)
+    loop = EngineLoop(lambda: engine, log_error=logged.append)
     answers: dict[str, list[str | None]] = {"broken": [], "good": []}
     finished = threading.Event()
 
@@ -318,3 +318,29 @@ def test_a_failing_answer_still_sends_the_client_an_error_and_the_loop_serves_on
     assert answers["broken"] == [None, INTERNAL_ERROR]
     assert answers["good"] == [None]
     assert any("building the response failed" in m for m in logged)
+
+
+def test_the_engine_is_built_on_its_own_thread_and_a_failed_build_is_raised(pair):
+    """Torch work on the model's thread and on the engine thread made every step ~30% slower on CPU (two
+    OpenMP teams): loading and calibration run where the steps run. A build that fails fails initialize()."""
+    import threading
+
+    from trtspec.repository.engine_loop import EngineLoop
+
+    where = []
+
+    def build():
+        where.append(threading.current_thread().name)
+        return runners(pair)["none"].engine(slots=1)
+
+    loop = EngineLoop(build)
+    try:
+        assert where == ["trtspec-engine"] and loop.engine is not None
+    finally:
+        loop.close()
+
+    def broken():
+        raise FileNotFoundError("no engine here")
+
+    with pytest.raises(FileNotFoundError, match="no engine here"):
+        EngineLoop(broken)

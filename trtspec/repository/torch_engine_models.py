@@ -162,16 +162,23 @@ class TensorRTLLMModel(BatchedPythonModel):
         engine_dir = Path(p["gpt_model_path"])
         device = resolve_device(p.get("trtspec_device", "auto"))
         max_len = int(p.get("trtspec_max_seq_len", "2048"))
-        model = load_transformer(engine_dir, resolve_dtype(p.get("trtspec_dtype", "auto"), device), device, max_len)
         mode = "mtp" if p.get("trtspec_mode") == "mtp" else "none"  # MTP lives in the target: it speculates here
         k = int(p.get("trtspec_num_draft_tokens", "1")) if mode == "mtp" else 0
-        runner = load_runner(engine_dir, mode, num_draft_tokens=max(k, 1), target=model, max_len=max_len)
-        policy = policy_for(
-            p.get("trtspec_policy", "fixed"), runner.num_draft_tokens, _int(p.get("trtspec_max_concurrency"))
-        )
-        self.engine = runner.engine(slots=int(config.get("max_batch_size") or 8), capacity=max_len, policy=policy)
-        self.engine.reuse = p.get("enable_kv_cache_reuse", "False").lower() == "true"
-        policy.prepare(self.engine)
+
+        def build():  # on the engine thread: see engine_loop
+            dtype = resolve_dtype(p.get("trtspec_dtype", "auto"), device)
+            model = load_transformer(engine_dir, dtype, device, max_len)
+            runner = load_runner(engine_dir, mode, num_draft_tokens=max(k, 1), target=model, max_len=max_len)
+            policy = policy_for(
+                p.get("trtspec_policy", "fixed"), runner.num_draft_tokens, _int(p.get("trtspec_max_concurrency"))
+            )
+            engine = runner.engine(slots=int(config.get("max_batch_size") or 8), capacity=max_len, policy=policy)
+            engine.reuse = p.get("enable_kv_cache_reuse", "False").lower() == "true"
+            policy.prepare(engine)
+            return engine
+
+        self.loop = EngineLoop(build, log_error=pb_utils.Logger.log_error)
+        self.engine = self.loop.engine
         eos = json.loads((engine_dir / "config.json").read_text(encoding="utf-8")).get("eos_token_id")
         self.end_id = eos[0] if isinstance(eos, list) else eos
         self.defaults = json.loads(p.get("trtspec_sampling", "{}"))
@@ -181,7 +188,7 @@ class TensorRTLLMModel(BatchedPythonModel):
         self.speculates = mode == "mtp"
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
         self.metrics.kv_cache(0, len(self.engine.rows) * self.engine.capacity)
-        self.loop = EngineLoop(self.engine, on_step=self.metrics.batch, log_error=pb_utils.Logger.log_error)
+        self.loop.on_step = self.metrics.batch
 
     def _sampling(self, request):
         from trtspec.speculative.sampling import SamplingParams

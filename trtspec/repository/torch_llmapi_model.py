@@ -79,7 +79,15 @@ class TorchLLMAPIModel(BatchedPythonModel):
         here = Path(args["model_repository"]) / args["model_version"]
         self.options = yaml.safe_load((here / "model.yaml").read_text(encoding="utf-8"))
         self.decoupled = bool(self.options.get("triton_config", {}).get("decoupled", False))
-        self.engine, self.defaults = engine_from_model_yaml(self.options, engines_dir=here)
+        defaults: dict = {}
+
+        def build():  # on the engine thread: see engine_loop
+            engine, found = engine_from_model_yaml(self.options, engines_dir=here)
+            defaults.update(found)
+            return engine
+
+        self.loop = EngineLoop(build, log_error=pb_utils.Logger.log_error)
+        self.engine, self.defaults = self.loop.engine, defaults
         self.tokenizer = AutoTokenizer.from_pretrained(self.options["model"])
         self.max_seq_len = self.engine.capacity
         self.vocab_size = self.engine.target.dims.vocab_size
@@ -87,7 +95,7 @@ class TorchLLMAPIModel(BatchedPythonModel):
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
         self.metrics.kv_cache(0, len(self.engine.rows) * self.engine.capacity)
         self.declared = [t["name"] for t in json.loads(args["model_config"]).get("input", [])]
-        self.loop = EngineLoop(self.engine, on_step=self.metrics.batch, log_error=pb_utils.Logger.log_error)
+        self.loop.on_step = self.metrics.batch
 
     def _params(self, request):
         from trtspec.speculative.runner import GenerationParams
