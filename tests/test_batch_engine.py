@@ -273,6 +273,27 @@ def test_adaptive_k_turns_speculation_off_where_it_costs_and_on_where_it_pays():
     assert policy.costs[1][0] == pytest.approx(1.1)
 
 
+def test_adaptive_acceptance_per_position_holds_when_steps_run_different_k():
+    """Position j's rate is over the rows that reached it: steps at K=1 say nothing about position 2, and
+    counting them as if they did (one denominator for every position) made deep drafts look worthless."""
+    policy = AdaptiveK()
+    for _ in range(20):  # K=3, one row: positions 0 and 1 accepted, 2 rejected
+        policy.observe(1, 3, 1.0, [1, 1, 1], [1, 1, 0])
+    for _ in range(100):  # K=1: position 0 accepted
+        policy.observe(1, 1, 1.0, [1], [1])
+    assert policy.rates(3) == [1.0, 1.0, 0.0]
+
+
+def test_adaptive_explores_with_the_k_that_would_run_not_the_longest():
+    """Exploring at a batch where K=0 wins refreshes the K a switch would choose, at a fraction of k_max's cost."""
+    from trtspec.speculative.policy import EXPLORE_EVERY, EXPLORE_STEPS
+
+    policy = AdaptiveK(prior=[0.7, 0.1, 0.1])
+    policy.costs = {16: {0: 1.0, 1: 1.8, 2: 2.6, 3: 3.4}}
+    chosen = [policy.k(16, 3) for _ in range(EXPLORE_EVERY + EXPLORE_STEPS)]
+    assert set(chosen) == {0, 1} and chosen.count(1) == EXPLORE_STEPS
+
+
 def test_calibration_measures_every_batch_size_and_k_and_leaves_the_engine_empty(pair):
     target, draft = pair
     engine = SpeculativeRunner(target, DraftModelDrafter(draft), 2, max_len=128).engine(slots=4, capacity=128)

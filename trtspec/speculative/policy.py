@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence
-from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
+from trtspec.speculative.cost_model import expected_tokens_per_step_positional
 from trtspec.speculative.requests import GenerationParams
 
 POLICIES = ("fixed", "adaptive")
 PRIOR_STEPS = 16  # steps with drafts before measured acceptance replaces the prior
 PRIOR_RATE = 0.6  # conditional acceptance per position assumed until then
-EXPLORE_EVERY = 64  # while K = 0 wins, every this many steps k_max is tried again ...
+MIN_SAMPLES = 16  # rows that reached a position before its measured rate replaces the prior
+EXPLORE_EVERY = 64  # while K = 0 wins, every this many steps the best K > 0 is tried again ...
 EXPLORE_STEPS = 4  # ... for this many steps: the first after a change of K is not timed (see observe)
 COST_EMA = 0.1  # weight of a new step time in the running estimate
 
@@ -49,7 +50,9 @@ class AdaptiveK(KPolicy):
     max_concurrency: int | None = None
     prior: list[float] = field(default_factory=list)  # conditional acceptance per position (plan.json's)
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # batch -> K -> seconds per step
-    drafted: list[int] = field(default_factory=list)  # per position, over every observed step
+    # per position j, over every observed row-step: rows that drafted j with 0..j-1 accepted, and of those
+    # the rows that accepted j too; steps run different K, so each position has its own denominator
+    reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     steps_with_drafts: int = 0
     decisions: int = 0
@@ -64,11 +67,14 @@ class AdaptiveK(KPolicy):
             calibrate(engine, self, batch_sizes(len(engine.rows)))
 
     def rates(self, k_max: int) -> list[float]:
-        if self.steps_with_drafts < PRIOR_STEPS or not self.drafted:
-            known = self.prior
-        else:
-            # drafted[0] counts steps, accepted[j] steps whose positions 0..j were all accepted
-            known = conditional_rates(self.drafted, self.accepted)
+        """Conditional acceptance per position: measured where MIN_SAMPLES rows reached it, else the prior."""
+        known: list[float] = []
+        if self.steps_with_drafts >= PRIOR_STEPS:
+            for reached, accepted in zip(self.reached, self.accepted, strict=True):
+                if reached < MIN_SAMPLES:
+                    break
+                known.append(accepted / reached)
+        known += self.prior[len(known) : k_max]
         fill = known[-1] if known else PRIOR_RATE
         return [*known[:k_max], *[fill] * (k_max - len(known))]
 
@@ -98,10 +104,8 @@ class AdaptiveK(KPolicy):
             return min(self.forced, k_max)
         if k_max == 0 or (self.max_concurrency is not None and batch > self.max_concurrency):
             return 0
-        if self.steps_with_drafts < PRIOR_STEPS and not self.prior:
-            return k_max  # nothing known about acceptance yet: measure it
-        rates = self.rates(k_max)
-        scored = {k: self.throughput(batch, k, rates) for k in range(k_max + 1)}
+        rates = self.rates(k_max)  # PRIOR_RATE until acceptance is measured: forcing k_max to measure it
+        scored = {k: self.throughput(batch, k, rates) for k in range(k_max + 1)}  # cost 4 steps' time at 16
         if any(v is None for v in scored.values()):
             return k_max
         best = max(scored, key=lambda k: scored[k])
@@ -109,8 +113,10 @@ class AdaptiveK(KPolicy):
         if best == 0 and self.decisions % EXPLORE_EVERY == 0:
             self.exploring = EXPLORE_STEPS
         if self.exploring:
+            # the K that would run if speculation paid again: its cost and acceptance are what a switch
+            # needs, and at a large batch it costs a fraction of k_max's step
             self.exploring -= 1
-            return k_max
+            return max(range(1, k_max + 1), key=lambda k: scored[k])
         return best
 
     def observe(self, batch: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
@@ -122,8 +128,11 @@ class AdaptiveK(KPolicy):
             row[k] = seconds if k not in row else (1 - COST_EMA) * row[k] + COST_EMA * seconds
         if k == 0 or not drafted or drafted[0] == 0 or self.forced is not None:
             return  # calibration steps draft from random tokens: their acceptance means nothing
-        width = max(len(self.drafted), len(drafted))
-        self.drafted = [a + b for a, b in zip(_pad(self.drafted, width), _pad(drafted, width), strict=True)]
+        # rows that drafted position j reached it with 0..j-1 accepted: accepted[j - 1] of them, as every
+        # row of a step drafts the step's K (fewer only near max_tokens)
+        reached = [drafted[0], *(accepted[j - 1] if drafted[j] else 0 for j in range(1, len(drafted)))]
+        width = max(len(self.reached), len(reached))
+        self.reached = [a + b for a, b in zip(_pad(self.reached, width), _pad(reached, width), strict=True)]
         self.accepted = [a + b for a, b in zip(_pad(self.accepted, width), _pad(accepted, width), strict=True)]
         self.steps_with_drafts += 1
 
