@@ -286,12 +286,47 @@ def test_adaptive_acceptance_per_position_holds_when_steps_run_different_k():
 
 def test_adaptive_explores_with_the_k_that_would_run_not_the_longest():
     """Exploring at a batch where K=0 wins refreshes the K a switch would choose, at a fraction of k_max's cost."""
-    from trtspec.speculative.policy import EXPLORE_EVERY, EXPLORE_STEPS
+    from trtspec.speculative.policy import EXPLORE_STEPS
 
     policy = AdaptiveK(prior=[0.7, 0.1, 0.1])
     policy.costs = {16: {0: 1.0, 1: 1.8, 2: 2.6, 3: 3.4}}
-    chosen = [policy.k(16, 3) for _ in range(EXPLORE_EVERY + EXPLORE_STEPS)]
+    interval = policy.explore_interval(16, 1)
+    chosen = [policy.k(16, 3) for _ in range(interval + EXPLORE_STEPS)]
     assert set(chosen) == {0, 1} and chosen.count(1) == EXPLORE_STEPS
+    assert chosen.index(1) == interval - 1
+
+
+def test_adaptive_exploration_is_rarer_the_more_a_switch_costs():
+    """Leaving K=0 costs a catch-up step (MTP passes over every token it skipped): measured, it spaces the
+    explorations so that they cost at most EXPLORE_BUDGET of plain decoding's time."""
+    from trtspec.speculative.policy import EXPLORE_BUDGET, EXPLORE_STEPS
+
+    policy = AdaptiveK(prior=[0.7, 0.1, 0.1])
+    policy.costs = {16: {0: 1.0, 1: 1.8, 2: 2.6, 3: 3.4}}
+    cheap = policy.explore_interval(16, 1)
+    assert cheap == pytest.approx(EXPLORE_STEPS * 0.8 / EXPLORE_BUDGET, abs=1)
+    policy.observe(16, 0, 1.0, [], [])
+    policy.observe(16, 1, 9.8, [16], [10])  # the first step at K=1 took 8 s more than K=1's steady cost
+    assert policy.switch_seconds == pytest.approx(8.0)
+    assert policy.costs[16][1] == 1.8  # and is not K=1's cost
+    assert policy.explore_interval(16, 1) == pytest.approx((8.0 + EXPLORE_STEPS * 0.8) / EXPLORE_BUDGET, abs=1)
+
+
+def test_adaptive_leaves_plain_decoding_only_for_a_clear_gain():
+    """A K>0 predicted to win by less than UP_MARGIN does not pull the policy off K=0 (it would pay a
+    switch for a gain inside the estimates' noise), but once running it stays while it beats K=0."""
+    from trtspec.speculative.policy import UP_MARGIN
+
+    policy = AdaptiveK(prior=[0.5])
+    gain = 1 + UP_MARGIN / 2  # K=1 yields 1.5 tokens per step: its step costs 1.5 / gain
+    policy.costs = {4: {0: 1.0, 1: 1.5 / gain}}
+    assert policy.k(4, 1) == 1  # nothing running yet: the better K
+    policy.observe(4, 1, 1.5 / gain, [4], [2])
+    assert policy.k(4, 1) == 1
+    policy.observe(4, 0, 1.0, [], [])
+    assert policy.k(4, 1) == 0
+    policy.costs[4][1] = 1.5 / (1 + 2 * UP_MARGIN)
+    assert policy.k(4, 1) == 1
 
 
 def test_calibration_measures_every_batch_size_and_k_and_leaves_the_engine_empty(pair):

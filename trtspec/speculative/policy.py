@@ -6,7 +6,10 @@ time, and past some batch speculation loses. `AdaptiveK` picks, for the running 
 maximises expected tokens per second: E[tokens per step](K) from the acceptance it has measured
 per position (cost_model.expected_tokens_per_step_positional) over the step time it has measured
 at that batch and K (calibrated when the engine starts, then kept current from every step). K = 0
-is plain decoding, so where verification stops riding free it turns speculation off. `FixedK` is
+is plain decoding, so where verification stops riding free it turns speculation off. Leaving K = 0
+is not free (a drafter that skipped steps catches up on them, for MTP a pass over every row's
+skipped tokens), so it takes a clear predicted gain, and the K = 0 stretches are probed with a
+K > 0 only as often as a fixed share of throughput pays for. `FixedK` is
 the configured K. Both honour `max_concurrency`, TensorRT-LLM's cut-off: no speculation when more
 rows than that are running.
 """
@@ -14,6 +17,7 @@ rows than that are running.
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -27,8 +31,10 @@ POLICIES = ("fixed", "adaptive")
 PRIOR_STEPS = 16  # steps with drafts before measured acceptance replaces the prior
 PRIOR_RATE = 0.6  # conditional acceptance per position assumed until then
 MIN_SAMPLES = 16  # rows that reached a position before its measured rate replaces the prior
-EXPLORE_EVERY = 64  # while K = 0 wins, every this many steps the best K > 0 is tried again ...
+EXPLORE_EVERY = 64  # while K = 0 wins, at most every this many steps the best K > 0 is tried again ...
 EXPLORE_STEPS = 4  # ... for this many steps: the first after a change of K is not timed (see observe)
+EXPLORE_BUDGET = 0.02  # ... and no more often than costs this share of K = 0's throughput
+UP_MARGIN = 0.05  # predicted gain a K > 0 needs to leave K = 0: estimates carry a few % of noise
 COST_EMA = 0.1  # weight of a new step time in the running estimate
 
 
@@ -59,7 +65,9 @@ class AdaptiveK(KPolicy):
     forced: int | None = None  # calibration runs a given K
     last_seconds: float = 0.0
     previous_k: int = -1
-    exploring: int = 0  # steps left at k_max
+    exploring: int = 0  # exploration steps left
+    plain_run: int = 0  # consecutive decisions for K = 0 since the last exploration
+    switch_seconds: float = 0.0  # measured extra time of the first step after leaving K = 0 (a catch-up)
 
     def prepare(self, engine: BatchEngine) -> None:
         """Step costs at the batch sizes the engine can run, measured before the first request."""
@@ -104,28 +112,48 @@ class AdaptiveK(KPolicy):
             return min(self.forced, k_max)
         if k_max == 0 or (self.max_concurrency is not None and batch > self.max_concurrency):
             return 0
-        rates = self.rates(k_max)  # PRIOR_RATE until acceptance is measured: forcing k_max to measure it
-        scored = {k: self.throughput(batch, k, rates) for k in range(k_max + 1)}  # cost 4 steps' time at 16
+        rates = self.rates(k_max)  # PRIOR_RATE until acceptance is measured
+        scored = {k: self.throughput(batch, k, rates) for k in range(k_max + 1)}
         if any(v is None for v in scored.values()):
             return k_max
-        best = max(scored, key=lambda k: scored[k])
         self.decisions += 1
-        if best == 0 and self.decisions % EXPLORE_EVERY == 0:
-            self.exploring = EXPLORE_STEPS
+        best_up = max(range(1, k_max + 1), key=lambda k: scored[k])
+        # staying at K > 0 needs only to beat K = 0; leaving K = 0 needs a margin over it
+        margin = 1.0 + (UP_MARGIN if self.previous_k == 0 else 0.0)
+        best = best_up if scored[best_up] >= margin * scored[0] else 0
         if self.exploring:
+            self.exploring -= 1
+            return best_up
+        if best > 0:
+            self.plain_run = 0
+            return best
+        self.plain_run += 1
+        if self.plain_run >= self.explore_interval(batch, best_up):
             # the K that would run if speculation paid again: its cost and acceptance are what a switch
             # needs, and at a large batch it costs a fraction of k_max's step
-            self.exploring -= 1
-            return max(range(1, k_max + 1), key=lambda k: scored[k])
-        return best
+            self.plain_run, self.exploring = 0, EXPLORE_STEPS - 1
+            return best_up
+        return 0
+
+    def explore_interval(self, batch: int, k: int) -> int:
+        """Decisions between explorations, so that exploring costs at most EXPLORE_BUDGET of K = 0's time."""
+        plain, up = self.step_seconds(batch, 0), self.step_seconds(batch, k)
+        if plain is None or up is None or plain <= 0:
+            return EXPLORE_EVERY
+        cost = self.switch_seconds + EXPLORE_STEPS * max(up - plain, 0.0)
+        return max(EXPLORE_EVERY, math.ceil(cost / (EXPLORE_BUDGET * plain)))
 
     def observe(self, batch: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         self.last_seconds = seconds
-        changed, self.previous_k = k != self.previous_k, k
-        # the first step after a change of K also pays for it (a drafter catching up on what it skipped)
+        changed, left_plain = k != self.previous_k, self.previous_k == 0 and k > 0
+        self.previous_k = k
+        # the first step after a change of K also pays for it (a drafter catching up on what it skipped):
+        # not that K's cost; leaving K = 0 is what a switch costs
         row = self.costs.setdefault(batch, {})
+        if left_plain and k in row and self.forced is None:
+            self.switch_seconds = _ema(self.switch_seconds or None, max(seconds - row[k], 0.0))
         if not changed or k not in row:
-            row[k] = seconds if k not in row else (1 - COST_EMA) * row[k] + COST_EMA * seconds
+            row[k] = _ema(row.get(k), seconds)
         if k == 0 or not drafted or drafted[0] == 0 or self.forced is not None:
             return  # calibration steps draft from random tokens: their acceptance means nothing
         # rows that drafted position j reached it with 0..j-1 accepted: accepted[j - 1] of them, as every
@@ -145,6 +173,10 @@ class AdaptiveK(KPolicy):
             best = max(scored, key=lambda k: scored[k])
             out[b] = {"k": best, "speedup": scored[best] / scored[0] if scored[0] else 0.0}
         return out
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - COST_EMA) * old + COST_EMA * new
 
 
 def _pad(values: list[int], width: int) -> list[int]:
