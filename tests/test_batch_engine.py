@@ -270,7 +270,11 @@ def test_adaptive_k_turns_speculation_off_where_it_costs_and_on_where_it_pays():
     policy.observe(1, 0, 9.0, [], [])
     assert policy.costs[1][0] == 1.0
     policy.observe(1, 0, 2.0, [], [])
-    assert policy.costs[1][0] == pytest.approx(1.1)
+    assert policy.costs[1][0] == pytest.approx(1.5)  # a running mean while the cost has few samples
+    for _ in range(100):
+        policy.observe(1, 0, 2.0, [], [])
+    policy.observe(1, 0, 3.0, [], [])
+    assert policy.costs[1][0] == pytest.approx(2.1, abs=0.01)  # then an EMA: one step moves it COST_EMA
 
 
 def test_adaptive_acceptance_per_position_holds_when_steps_run_different_k():
@@ -327,6 +331,22 @@ def test_adaptive_leaves_plain_decoding_only_for_a_clear_gain():
     assert policy.k(4, 1) == 0
     policy.costs[4][1] = 1.5 / (1 + 2 * UP_MARGIN)
     assert policy.k(4, 1) == 1
+
+
+def test_adaptive_refreshes_plain_decodings_cost_while_drafting_wins():
+    """A K = 0 cost measured too high at calibration would keep drafting on for ever at that batch (only
+    a K that runs is re-timed): K = 0 is tried every EXPLORE_EVERY steps, and its true cost turns drafting off."""
+    from trtspec.speculative.policy import EXPLORE_EVERY, EXPLORE_STEPS
+
+    policy = AdaptiveK(prior=[0.6])
+    policy.costs = {16: {0: 1.5, 1: 2.0}}  # K=1: 1.6 tokens per 2.0 s beats 1 per 1.5 s; really K=0 takes 1.0 s
+    chosen = []
+    for _ in range(EXPLORE_EVERY + 2 * EXPLORE_STEPS + 50):
+        k = policy.k(16, 1)
+        chosen.append(k)
+        policy.observe(16, k, 1.0 if k == 0 else 2.0, [16] if k else [], [10] if k else [])
+    assert chosen[: EXPLORE_EVERY - 1] == [1] * (EXPLORE_EVERY - 1)
+    assert policy.costs[16][0] < 1.5 and chosen[-50:] == [0] * 50
 
 
 def test_calibration_measures_every_batch_size_and_k_and_leaves_the_engine_empty(pair):

@@ -8,8 +8,9 @@ per position (cost_model.expected_tokens_per_step_positional) over the step time
 at that batch and K (calibrated when the engine starts, then kept current from every step). K = 0
 is plain decoding, so where verification stops riding free it turns speculation off. Leaving K = 0
 is not free (a drafter that skipped steps catches up on them, for MTP a pass over every row's
-skipped tokens), so it takes a clear predicted gain, and the K = 0 stretches are probed with a
-K > 0 only as often as a fixed share of throughput pays for. `FixedK` is
+skipped tokens), so it takes a clear predicted gain. Only a K that runs has its cost refreshed, so
+the runner-up is tried now and then: K = 0 while drafting wins, and a K > 0 while K = 0 wins only
+as often as a fixed share of throughput pays for. `FixedK` is
 the configured K. Both honour `max_concurrency`, TensorRT-LLM's cut-off: no speculation when more
 rows than that are running.
 """
@@ -31,9 +32,9 @@ POLICIES = ("fixed", "adaptive")
 PRIOR_STEPS = 16  # steps with drafts before measured acceptance replaces the prior
 PRIOR_RATE = 0.6  # conditional acceptance per position assumed until then
 MIN_SAMPLES = 16  # rows that reached a position before its measured rate replaces the prior
-EXPLORE_EVERY = 64  # while K = 0 wins, at most every this many steps the best K > 0 is tried again ...
+EXPLORE_EVERY = 64  # every this many steps the runner-up K (0, or the best K > 0) is tried again ...
 EXPLORE_STEPS = 4  # ... for this many steps: the first after a change of K is not timed (see observe)
-EXPLORE_BUDGET = 0.02  # ... and no more often than costs this share of K = 0's throughput
+EXPLORE_BUDGET = 0.02  # ... a K > 0 no more often than costs this share of K = 0's throughput
 UP_MARGIN = 0.05  # predicted gain a K > 0 needs to leave K = 0: estimates carry a few % of noise
 COST_EMA = 0.1  # weight of a new step time in the running estimate
 
@@ -56,6 +57,7 @@ class AdaptiveK(KPolicy):
     max_concurrency: int | None = None
     prior: list[float] = field(default_factory=list)  # conditional acceptance per position (plan.json's)
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # batch -> K -> seconds per step
+    samples: dict[tuple[int, int], int] = field(default_factory=dict)  # (batch, K) -> steps in its cost
     # per position j, over every observed row-step: rows that drafted j with 0..j-1 accepted, and of those
     # the rows that accepted j too; steps run different K, so each position has its own denominator
     reached: list[int] = field(default_factory=list)
@@ -66,7 +68,8 @@ class AdaptiveK(KPolicy):
     last_seconds: float = 0.0
     previous_k: int = -1
     exploring: int = 0  # exploration steps left
-    plain_run: int = 0  # consecutive decisions for K = 0 since the last exploration
+    since_explore: int = 0  # decisions since the last exploration
+    explored: int = 0  # the K an exploration runs
     switch_seconds: float = 0.0  # measured extra time of the first step after leaving K = 0 (a catch-up)
 
     def prepare(self, engine: BatchEngine) -> None:
@@ -123,17 +126,17 @@ class AdaptiveK(KPolicy):
         best = best_up if scored[best_up] >= margin * scored[0] else 0
         if self.exploring:
             self.exploring -= 1
-            return best_up
-        if best > 0:
-            self.plain_run = 0
-            return best
-        self.plain_run += 1
-        if self.plain_run >= self.explore_interval(batch, best_up):
-            # the K that would run if speculation paid again: its cost and acceptance are what a switch
-            # needs, and at a large batch it costs a fraction of k_max's step
-            self.plain_run, self.exploring = 0, EXPLORE_STEPS - 1
-            return best_up
-        return 0
+            return self.explored
+        # counted from the last exploration or the last change between drafting and not
+        self.since_explore = self.since_explore + 1 if (best > 0) == (self.previous_k > 0) else 1
+        # the runner-up is tried now and then, since only running a K refreshes its cost at this batch: a
+        # K > 0 while K = 0 wins (as often as EXPLORE_BUDGET pays for), K = 0 while a K > 0 wins (cheap)
+        interval = self.explore_interval(batch, best_up) if best == 0 else EXPLORE_EVERY
+        if self.since_explore >= interval:
+            self.since_explore, self.exploring = 0, EXPLORE_STEPS - 1
+            self.explored = best_up if best == 0 else 0
+            return self.explored
+        return best
 
     def explore_interval(self, batch: int, k: int) -> int:
         """Decisions between explorations, so that exploring costs at most EXPLORE_BUDGET of K = 0's time."""
@@ -151,9 +154,11 @@ class AdaptiveK(KPolicy):
         # not that K's cost; leaving K = 0 is what a switch costs
         row = self.costs.setdefault(batch, {})
         if left_plain and k in row and self.forced is None:
-            self.switch_seconds = _ema(self.switch_seconds or None, max(seconds - row[k], 0.0))
+            self.switch_seconds = _ema(self.switch_seconds or None, max(seconds - row[k], 0.0), COST_EMA)
         if not changed or k not in row:
-            row[k] = _ema(row.get(k), seconds)
+            # a running mean over the first 1 / COST_EMA samples (calibration's counting as one), then an EMA
+            n = self.samples[batch, k] = self.samples.get((batch, k), 1 if k in row else 0) + 1
+            row[k] = _ema(row.get(k), seconds, max(COST_EMA, 1 / n))
         if k == 0 or not drafted or drafted[0] == 0 or self.forced is not None:
             return  # calibration steps draft from random tokens: their acceptance means nothing
         # rows that drafted position j reached it with 0..j-1 accepted: accepted[j - 1] of them, as every
@@ -175,8 +180,8 @@ class AdaptiveK(KPolicy):
         return out
 
 
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - COST_EMA) * old + COST_EMA * new
+def _ema(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
 
 
 def _pad(values: list[int], width: int) -> list[int]:
