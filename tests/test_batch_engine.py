@@ -270,11 +270,11 @@ def test_adaptive_k_turns_speculation_off_where_it_costs_and_on_where_it_pays():
     policy.observe(1, 0, 9.0, [], [])
     assert policy.costs[1][0] == 1.0
     policy.observe(1, 0, 2.0, [], [])
-    assert policy.costs[1][0] == pytest.approx(1.5)  # a running mean while the cost has few samples
+    assert policy.costs[1][0] == pytest.approx(1.5)  # the median of the recent steps, the seed one of them
     for _ in range(100):
         policy.observe(1, 0, 2.0, [], [])
-    policy.observe(1, 0, 3.0, [], [])
-    assert policy.costs[1][0] == pytest.approx(2.1, abs=0.01)  # then an EMA: one step moves it COST_EMA
+    policy.observe(1, 0, 30.0, [], [])
+    assert policy.costs[1][0] == 2.0  # an outlier (a GC pause, another process) does not move it
 
 
 def test_adaptive_acceptance_per_position_holds_when_steps_run_different_k():

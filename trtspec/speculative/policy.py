@@ -21,6 +21,7 @@ import json
 import math
 import random
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,9 @@ EXPLORE_EVERY = 64  # every this many steps the runner-up K (0, or the best K > 
 EXPLORE_STEPS = 4  # ... for this many steps: the first after a change of K is not timed (see observe)
 EXPLORE_BUDGET = 0.02  # ... a K > 0 no more often than costs this share of K = 0's throughput
 UP_MARGIN = 0.05  # predicted gain a K > 0 needs to leave K = 0: estimates carry a few % of noise
-COST_EMA = 0.1  # weight of a new step time in the running estimate
+COST_WINDOW = 15  # a step cost is the median of this many latest steps at that (batch, K): outliers (a GC
+# pause, another process) move a median little, and a calibration figure is gone after a few real steps
+SWITCH_EMA = 0.1  # weight of a new catch-up time in its running estimate
 
 
 class FixedK(KPolicy):
@@ -57,7 +60,7 @@ class AdaptiveK(KPolicy):
     max_concurrency: int | None = None
     prior: list[float] = field(default_factory=list)  # conditional acceptance per position (plan.json's)
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # batch -> K -> seconds per step
-    samples: dict[tuple[int, int], int] = field(default_factory=dict)  # (batch, K) -> steps in its cost
+    recent: dict[tuple[int, int], deque[float]] = field(default_factory=dict)  # (batch, K) -> latest step times
     # per position j, over every observed row-step: rows that drafted j with 0..j-1 accepted, and of those
     # the rows that accepted j too; steps run different K, so each position has its own denominator
     reached: list[int] = field(default_factory=list)
@@ -154,11 +157,14 @@ class AdaptiveK(KPolicy):
         # not that K's cost; leaving K = 0 is what a switch costs
         row = self.costs.setdefault(batch, {})
         if left_plain and k in row and self.forced is None:
-            self.switch_seconds = _ema(self.switch_seconds or None, max(seconds - row[k], 0.0), COST_EMA)
+            extra = max(seconds - row[k], 0.0)
+            self.switch_seconds = (
+                (1 - SWITCH_EMA) * self.switch_seconds + SWITCH_EMA * extra if self.switch_seconds else extra
+            )
         if not changed or k not in row:
-            # a running mean over the first 1 / COST_EMA samples (calibration's counting as one), then an EMA
-            n = self.samples[batch, k] = self.samples.get((batch, k), 1 if k in row else 0) + 1
-            row[k] = _ema(row.get(k), seconds, max(COST_EMA, 1 / n))
+            window = self.recent.setdefault((batch, k), deque([row[k]] if k in row else [], maxlen=COST_WINDOW))
+            window.append(seconds)
+            row[k] = statistics.median(window)
         if k == 0 or not drafted or drafted[0] == 0 or self.forced is not None:
             return  # calibration steps draft from random tokens: their acceptance means nothing
         # rows that drafted position j reached it with 0..j-1 accepted: accepted[j - 1] of them, as every
@@ -178,10 +184,6 @@ class AdaptiveK(KPolicy):
             best = max(scored, key=lambda k: scored[k])
             out[b] = {"k": best, "speedup": scored[best] / scored[0] if scored[0] else 0.0}
         return out
-
-
-def _ema(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
 
 
 def _pad(values: list[int], width: int) -> list[int]:
