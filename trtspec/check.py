@@ -22,6 +22,7 @@ from trtspec.checkpoints.inspect import (
 from trtspec.checkpoints.memory import MemoryPlan, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
 from trtspec.config import DeploymentConfig
+from trtspec.deploy import sizing
 from trtspec.versions import minor
 
 MANY_DRAFT_TOKENS = 8
@@ -361,6 +362,16 @@ def _check_memory(
         )
 
 
+def _check_placement(cfg: DeploymentConfig, report: Report) -> None:
+    """The GPUs the pods may land on (deploy.gpu_product, build.gpu_memory_gb, or any known GPU) against the
+    weights per GPU, hub ids included (sizing.py's table), and /dev/shm against the memory limit."""
+    reason = sizing.fits(cfg)
+    if reason and not any(f.code == "memory-weights" for f in report.findings):  # that finding says it already
+        report.add("error", "gpu-fit", reason, "quantize, raise tp/pp, or require a larger GPU (deploy.gpu_product)")
+    if (shm := sizing.shm_problem(cfg)) is not None:
+        report.add("error", "shm-size", shm, "")
+
+
 def _check_quantization(cfg: DeploymentConfig, infos: dict[str, CheckpointInfo | None], report: Report) -> None:
     """Backend pytorch takes quantization from the checkpoint: `quantization: fp8` alone changes nothing."""
     if cfg.build.backend != "pytorch":
@@ -474,5 +485,6 @@ def run_check(cfg: DeploymentConfig) -> Report:
     _check_quantization(cfg, {"target": target, "draft": draft}, report)
     if target is not None:
         _check_memory(cfg, target, draft, gpu_gb, report)
+    _check_placement(cfg, report)
     _check_serving(cfg, report)
     return report

@@ -214,8 +214,22 @@ class DeploySection(_Section):
         default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
     )
     cpu: Quantity | None = Field(default=None, description="CPU per pod; default max(4, GPUs), as NVIDIA's chart")
-    memory: Quantity | None = Field(default=None, description="memory per pod; default 8Gi per CPU, as NVIDIA's chart")
-    shm_size: Quantity = Field(default="16Gi", description="/dev/shm (a memory emptyDir) for the python backend, NCCL")
+    memory: Quantity | None = Field(
+        default=None,
+        description="memory per pod; default: what the weights need while loading (serving) or the checkpoint"
+        " while converting (build), at least NVIDIA's chart's 8Gi per CPU (trtspec/deploy/sizing.py)",
+    )
+    shm_size: Quantity | None = Field(
+        default=None,
+        description="/dev/shm (a memory emptyDir, so within the memory limit) for the python backend and NCCL;"
+        " default: a quarter of the memory limit, at most 16Gi (GPU pods) or 1Gi (CPU pods)",
+    )
+    weights_gb: Float | None = Field(
+        default=None,
+        gt=0.0,
+        description="size of the target (+ draft) checkpoints as published, in GB: sizes downloads, host memory,"
+        " time budgets and the GPUs to require for hub ids trtspec knows no architecture of (overrides its own)",
+    )
     monitoring_labels: dict[str, str] = Field(
         default_factory=dict, description="labels Prometheus selects PodMonitors and rules by (release: ...)"
     )

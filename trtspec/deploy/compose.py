@@ -14,6 +14,7 @@ from typing import Any
 import trtspec
 from trtspec.config import DeploymentConfig
 from trtspec.deploy.k8s import HF_TOKEN_DIR, local_checkpoints
+from trtspec.deploy.sizing import quantity_bytes, shm_size
 from trtspec.deploy.topology import CONFIG_PATH, WORKSPACE, image_for, topology
 from trtspec.errors import UsageError
 from trtspec.versions import container_tag
@@ -27,13 +28,9 @@ def source_root() -> Path:
     return root
 
 
-_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
 def compose_bytes(quantity: str) -> int:
     """A Kubernetes quantity (validated by the config) as the byte count compose's shm_size takes."""
-    number = quantity.rstrip("kKMGTPEi")
-    return int(float(number) * _UNITS[quantity[len(number) :]])
+    return int(quantity_bytes(quantity))
 
 
 def compose(cfg: DeploymentConfig, out: Path) -> dict[str, Any]:
@@ -51,7 +48,7 @@ def compose(cfg: DeploymentConfig, out: Path) -> dict[str, Any]:
         "image": image_for(cfg),
         "volumes": volumes,
         "environment": {"TRTSPEC_CONFIG": str(CONFIG_PATH), "TRTSPEC_HTTP_PORT": str(cfg.serve.http_port)},
-        "shm_size": compose_bytes(cfg.deploy.shm_size),
+        "shm_size": compose_bytes(shm_size(cfg)),  # the manifests' size: derived from the same memory limit
     }
     if not topo.cpu_only:
         devices = [{"driver": "nvidia", "count": topo.gpus_per_pod, "capabilities": ["gpu"]}]
