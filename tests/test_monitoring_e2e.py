@@ -84,6 +84,9 @@ def stack(tmp_path_factory):
     for name, draft in drafts.items():
         data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
         data["name"], data["draft"]["checkpoint"] = name, draft
+        # a fixed K: the adaptive policy may serve the poor draft without a single draft (a timing decision
+        # on a busy machine), and these tests count what each deployment drafted
+        data["speculation"]["policy"] = "fixed"
         data["deploy"]["monitoring"] = {"min_acceptance": MIN_ACCEPTANCE, "alert_for": "2s"}
         path = tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump(data))
@@ -211,6 +214,27 @@ def test_promtool_fires_the_ten_minute_alert_on_the_poor_drafts_live_rates(stack
     assert not tests[0]["alert_rule_test"][1]["exp_alerts"], "the trained draft must be expected not to alert"
     res = promtool_test(tmp_path, good, tests)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_prometheus_records_one_load_value_for_the_served_pod(stack, traffic):
+    """The HPA's input from a live server: one series (no pod label outside Kubernetes), the target
+    model's batch over its slots; 0 once the requests are done, never absent (the gauges exist from
+    the start)."""
+    base, served = stack
+    cfg = served["mon-good"][0]
+    live = scrape(served["mon-good"][3])
+    assert {dict(labels).get("state") for name, labels in live if name == monitoring.m.RUNNING} == {
+        "running",
+        "waiting",
+    }
+    expr = f'{monitoring.LOAD}{{{monitoring.INSTANCE_LABEL}="{cfg.name}"}}'
+
+    def idle():
+        result = _answers(base, expr) or []
+        return len(result) == 1 and float(result[0]["value"][1]) == 0.0 and result
+
+    (series,) = wait_for(idle, what=f"{expr} == 0 after the requests")
+    assert series["metric"] == {monitoring.INSTANCE_LABEL: cfg.name, "__name__": monitoring.LOAD}
 
 
 def test_every_dashboard_query_names_a_metric_the_live_server_exposes(stack, traffic):

@@ -172,15 +172,31 @@ class Toleration(_Section):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
+def _renamed_target(value: Any) -> Any:
+    if value is not None:
+        raise ValueError(
+            "replaced by target_load: the HPA now reads one load value per pod (batch slots in use, or the"
+            " queue-to-compute ratio where no executor metric exists; docs/deploying.md, Autoscaling)"
+        )
+    return value
+
+
 class AutoscalingSection(_Section):
-    """An HPA on Triton's queue-to-compute ratio (NVIDIA's autoscaling tutorial); needs prometheus-adapter."""
+    """An HPA on one load value per pod (trtspec.deploy.monitoring.load_signal); needs prometheus-adapter
+    with the rule `trtspec deploy` writes beside the manifests."""
 
     enabled: bool = True
     min_replicas: Int = Field(default=1, ge=1, le=1000)
     max_replicas: Int = Field(default=4, ge=1, le=1000)
-    queue_compute_ratio: Float = Field(
-        default=1.0, ge=0.001, description="scale out when time queued per unit of compute time exceeds this"
+    target_load: Float | None = Field(
+        default=None,
+        ge=0.01,
+        le=100.0,
+        description="the per-pod load the HPA holds replicas at; default: the signal's own (0.8 of the batch's"
+        " slots, or a queue-to-compute ratio of 1.0 for the LLM API on TensorRT-LLM)",
     )
+    # the field before target_load: set, it fails with the reason instead of a bare "unknown key"
+    queue_compute_ratio: Annotated[Any, AfterValidator(_renamed_target)] = Field(default=None, exclude=True)
 
 
 class MonitoringSection(_Section):
@@ -364,6 +380,15 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
     a = cfg.deploy.autoscaling
     if a.min_replicas > a.max_replicas:
         errors.append(("deploy.autoscaling.min_replicas", f"must not exceed max_replicas ({a.max_replicas})"))
+    if backend == "tensorrt" and a.target_load is not None and a.target_load >= 1.0:
+        errors.append(
+            (
+                "deploy.autoscaling.target_load",
+                "the executor's active requests over its maximum never read above 1.0 (requests beyond it wait"
+                f" in a queue the backend does not export), so the HPA would never scale out: set it below 1, got"
+                f" {a.target_load:g}",
+            )
+        )
     world, per_node = b.tp * b.pp, cfg.deploy.gpus_per_node
     if world > per_node and world % per_node:
         errors.append(

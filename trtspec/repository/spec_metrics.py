@@ -83,7 +83,8 @@ class SpecMetrics:
         self.kv: dict = {}  # made on first use: a model with no KV cache of its own (the BLS) shows none
         self._kv_mine = {"used": 0, "capacity": 0}  # this instance's share of the model-wide gauges
         self._failed = False
-        self._gauges: dict = {}
+        self._gauges: dict = {}  # made by start() or the first step: the BLS runs no batch and shows none
+        self._batch_mine = {"running": 0, "waiting": 0}  # this instance's share, as for the KV gauges
 
     def _guard(self, action) -> None:
         """A metric that cannot be written is logged once; it never fails the request it describes."""
@@ -110,19 +111,32 @@ class SpecMetrics:
 
         self._guard(update)
 
+    def start(self, kv_capacity: int) -> None:
+        """A model that runs a batch, before its first step: an empty batch, shown as 0 running and 0
+        waiting (the HPA's per-pod load reads these; an absent series would be no value at all)."""
+        self._guard(lambda: self._batch_counts(0, 0))
+        self.kv_cache(0, kv_capacity)
+
+    def _batch_counts(self, running: int, waiting: int) -> None:
+        """Instances of one model share the gauges (each adds its own change): the model's batch is their sum."""
+        if not self._gauges:
+            f = self._families
+            self._gauges = {
+                "running": f[RUNNING].Metric(labels={**self._labels, "state": "running"}),
+                "waiting": f[RUNNING].Metric(labels={**self._labels, "state": "waiting"}),
+            }
+        for state, value in (("running", running), ("waiting", waiting)):
+            if value != self._batch_mine[state]:
+                self._gauges[state].increment(value - self._batch_mine[state])
+                self._batch_mine[state] = value
+
     def batch(self, now: BatchSnapshot) -> None:
         """The running batch after a step: requests running and waiting, the K chosen, KV positions held."""
 
         def update() -> None:
-            if not self._gauges:
-                f = self._families
-                self._gauges = {
-                    "running": f[RUNNING].Metric(labels={**self._labels, "state": "running"}),
-                    "waiting": f[RUNNING].Metric(labels={**self._labels, "state": "waiting"}),
-                    "k": f[DRAFT_LEN].Metric(labels=self._labels),
-                }
-            self._gauges["running"].set(now.running)
-            self._gauges["waiting"].set(now.waiting)
+            self._batch_counts(now.running, now.waiting)
+            if "k" not in self._gauges:
+                self._gauges["k"] = self._families[DRAFT_LEN].Metric(labels=self._labels)
             self._gauges["k"].set(now.k)
 
         self._guard(update)
@@ -155,6 +169,8 @@ class SpecMetrics:
         """This instance's KV share given back; metrics before families, as the python backend requires."""
         if self.kv:
             self.kv_cache(0, 0)
+        if self._gauges:
+            self._guard(lambda: self._batch_counts(0, 0))
         self.requests = self.steps = self.drafted = self.accepted = None
         self.accepted_length = self.draft_seconds = self.verify_seconds = self.ttft = self.itl = None
         self.kv = {}

@@ -187,7 +187,7 @@ class TensorRTLLMModel(BatchedPythonModel):
         self.max_draft_len = int(read_engine_config(engine_dir).get("build_config", {}).get("max_draft_len") or 0)
         self.speculates = mode == "mtp"
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
-        self.metrics.kv_cache(0, len(self.engine.rows) * self.engine.capacity)
+        self.metrics.start(len(self.engine.rows) * self.engine.capacity)
         self.loop.on_step = self.metrics.batch
 
     def _sampling(self, request):

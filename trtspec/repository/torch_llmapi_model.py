@@ -93,7 +93,7 @@ class TorchLLMAPIModel(BatchedPythonModel):
         self.vocab_size = self.engine.target.dims.vocab_size
         mode = decoding_mode(self.options)
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
-        self.metrics.kv_cache(0, len(self.engine.rows) * self.engine.capacity)
+        self.metrics.start(len(self.engine.rows) * self.engine.capacity)
         self.declared = [t["name"] for t in json.loads(args["model_config"]).get("input", [])]
         self.loop.on_step = self.metrics.batch
 
