@@ -282,6 +282,31 @@ def test_a_build_refuses_while_another_holds_the_engine_directory(runner, tmp_pa
     assert runner.invoke(cli, ["build", str(config), "--no-package"]).exit_code == 0  # the lock left with its holder
 
 
+def test_build_wait_takes_its_turn_after_the_holder(runner, tmp_path, monkeypatch):
+    """Server pods that each build on start share one volume: with --wait the second build waits for the
+    lock instead of failing its init container, then finds the engines built."""
+    import threading
+
+    monkeypatch.chdir(tmp_path)
+    config = torch_pair(tmp_path)
+    engines = tmp_path / "engines" / "pair"
+    engines.mkdir(parents=True)
+    fd = os.open(engines / LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    released = threading.Event()
+
+    def release():
+        time.sleep(1.0)
+        released.set()
+        os.close(fd)
+
+    threading.Thread(target=release, daemon=True).start()
+    res = runner.invoke(cli, ["build", str(config), "--no-package", "--wait"])
+    assert res.exit_code == 0, res.output
+    assert released.is_set()  # it ran only after the holder let go
+    assert Manifest.load(engines).steps.keys() == {"target", "draft"}
+
+
 def test_a_second_build_during_a_running_one_refuses_and_the_first_completes(runner, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = torch_pair(tmp_path)

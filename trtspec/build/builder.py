@@ -375,10 +375,11 @@ def _clean_stale(engine_dir: Path) -> None:
 
 
 @contextmanager
-def build_lock(engine_dir: Path) -> Iterator[None]:
+def build_lock(engine_dir: Path, wait: bool = False) -> Iterator[None]:
     """One build at a time per engine directory: a second refuses at once, naming the holder's pid,
-    instead of removing the first one's staging directories under it. The lock is the kernel's
-    (flock), so it goes away with the process, however it ends; the file stays."""
+    instead of removing the first one's staging directories under it; with `wait`, it waits its turn
+    (server pods that each build on start, sharing one volume). The lock is the kernel's (flock), so
+    it goes away with the process, however it ends; the file stays."""
     path = engine_dir / LOCK_FILE
     with writing(path):
         try:
@@ -388,7 +389,7 @@ def build_lock(engine_dir: Path) -> Iterator[None]:
             fd, writable = os.open(path, os.O_RDONLY), False
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             who = f"pid {holder}" if holder.isdigit() else "another process"
@@ -410,7 +411,9 @@ def build_lock(engine_dir: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = lambda _msg: None) -> BuildResult:
+def run_build(
+    cfg: DeploymentConfig, force: bool = False, progress: Progress = lambda _msg: None, wait: bool = False
+) -> BuildResult:
     engine_dir = engine_dir_for(cfg)
     if cfg.build.backend in ("tensorrt", "pytorch"):
         if not trtllm_available():
@@ -428,7 +431,7 @@ def run_build(cfg: DeploymentConfig, force: bool = False, progress: Progress = l
         (engine_dir / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise write_error(exc, engine_dir) from None
-    with build_lock(engine_dir):
+    with build_lock(engine_dir, wait):
         return _run_build_locked(cfg, engine_dir, force, progress)
 
 
