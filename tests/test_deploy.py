@@ -22,7 +22,7 @@ from conftest import CONFIGS, REPO
 from crd_schemas import CUSTOM
 
 from trtspec.config import DeploymentConfig, load_config, validate_config
-from trtspec.deploy import k8s
+from trtspec.deploy import k8s, monitoring, sizing
 from trtspec.deploy.compose import compose
 from trtspec.deploy.launch import mpirun_argv, orchestrator_argv, rank_argv, serve_argv, worker_pods
 from trtspec.deploy.topology import orchestrated, topology
@@ -71,10 +71,13 @@ def variant(base: str, **changes: dict) -> DeploymentConfig:
 
 
 def containers(doc: dict) -> list[dict]:
+    """Every container of a workload's pods, init containers included."""
     if doc["kind"] == "LeaderWorkerSet":
         t = doc["spec"]["leaderWorkerTemplate"]
-        return [*t["leaderTemplate"]["spec"]["containers"], *t["workerTemplate"]["spec"]["containers"]]
-    return doc["spec"]["template"]["spec"]["containers"]
+        specs = [t["leaderTemplate"]["spec"], t["workerTemplate"]["spec"]]
+    else:
+        specs = [doc["spec"]["template"]["spec"]]
+    return [c for spec in specs for c in [*spec.get("initContainers", []), *spec["containers"]]]
 
 
 # ---- schemas
@@ -134,8 +137,12 @@ def test_gpus_per_pod_and_group_size_follow_tp_x_pp(tp, pp, per_node, pods, gpus
         server = kinds["LeaderWorkerSet"]
         assert server["spec"]["leaderWorkerTemplate"]["size"] == pods
     for c in containers(server):
+        if c["args"][0] == "wait":  # waits for the Job's build: holds nothing beyond its pod's GPUs
+            assert "nvidia.com/gpu" not in c["resources"]["limits"]
+            continue
         assert c["resources"]["limits"]["nvidia.com/gpu"] == gpus == c["resources"]["requests"]["nvidia.com/gpu"]
-    assert kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    # the Job never asks for a GPU: servers holding theirs wait for it (tests/test_deploy_cluster.py)
+    assert "nvidia.com/gpu" not in kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
 
 
 def test_a_group_that_does_not_fill_whole_nodes_is_refused():
@@ -148,6 +155,7 @@ def test_single_node_deployment_follows_nvidias_chart():
     kinds = by_kind(cfg)
     pod = kinds["Deployment"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]
+    (init,) = pod["initContainers"]
     assert [p["containerPort"] for p in c["ports"]] == [8000, 8001, 8002]
     assert c["startupProbe"]["httpGet"]["path"] == c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
@@ -155,17 +163,16 @@ def test_single_node_deployment_follows_nvidias_chart():
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-    assert c["args"] == ["serve"] and kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["args"] == ["build"]
+    assert c["args"] == ["serve"] and init["args"][0] == "build"  # compiled engines: built on the pod's GPUs
+    assert kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["args"][0] == "prepare"  # downloads
     assert kinds["Service"]["spec"]["selector"] == kinds["Deployment"]["spec"]["selector"]["matchLabels"]
     endpoint = {"port": "metrics", "path": "/metrics", "interval": "15s"}
     assert kinds["PodMonitor"]["spec"]["podMetricsEndpoints"] == [endpoint]
     hpa = kinds["HorizontalPodAutoscaler"]["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": cfg.name}
     metric = hpa["metrics"][0]["pods"]
-    assert metric["metric"]["name"] == "triton:queue_compute:ratio" and metric["target"]["averageValue"] == "1000m"
-    (rule,) = kinds["PrometheusRule"]["spec"]["groups"][0]["rules"]
-    assert rule["record"] == "triton:queue_compute:ratio"
-    assert "nv_inference_queue_duration_us" in rule["expr"] and "nv_inference_compute_infer_duration_us" in rule["expr"]
+    assert metric["metric"]["name"] == monitoring.LOAD  # one value per pod (tests/test_monitoring.py)
+    assert metric["metric"]["name"] in [r["record"] for r in kinds["PrometheusRule"]["spec"]["groups"][0]["rules"]]
 
 
 def test_hugging_face_token_is_referenced_never_inlined(monkeypatch, tmp_path):
@@ -197,7 +204,7 @@ def test_multi_node_group_serves_from_the_leader_with_exec_rbac():
     assert not worker["metadata"]["labels"].items() >= kinds["Service"]["spec"]["selector"].items()
     assert kinds["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
     rules = kinds["Role"]["rules"]
-    assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]} in rules
+    assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]} in rules
     assert leader["spec"]["serviceAccountName"] == kinds["ServiceAccount"]["metadata"]["name"]
     env = {e["name"]: e for e in leader["spec"]["containers"][0]["env"]}
     assert "group-key" in env["GROUP_KEY"]["valueFrom"]["fieldRef"]["fieldPath"]
@@ -398,7 +405,13 @@ def test_compose_builds_the_image_for_the_configured_version(tmp_path):
     cpu = compose(load_config(CONFIGS / VARIANTS["cpu"]), tmp_path)
     assert cpu["services"]["build"]["build"]["dockerfile"] == "docker/Dockerfile.cpu"
     assert "deploy" not in cpu["services"]["triton"]
-    assert cpu["services"]["triton"]["shm_size"] == 16 * 2**30
+    # /dev/shm from sizing: within the memory a CPU pod gets (docker counts it as the container's memory)
+    assert cpu["services"]["triton"]["shm_size"] == sizing.quantity_bytes(
+        sizing.shm_size(load_config(CONFIGS / VARIANTS["cpu"]))
+    )
+    assert cpu["services"]["triton"]["shm_size"] < sizing.quantity_bytes(
+        sizing.memory_limit(load_config(CONFIGS / VARIANTS["cpu"]), "serve")
+    )
     with pytest.raises(UsageError, match="compose runs one host: use --target k8s"):
         rendered_files(load_config(CONFIGS / VARIANTS["multi-node"]), "docker", tmp_path)
 

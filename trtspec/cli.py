@@ -294,7 +294,10 @@ def generate(
 )
 @click.option("--no-package", is_flag=True, help="Stop after the engines: no model repository.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no_package: bool, as_json: bool) -> None:
+@click.option("--wait", is_flag=True, help="If another build holds these engines, wait for it instead of refusing.")
+def build(
+    config: Path, emit_script: Path | None, dry_run: bool, force: bool, no_package: bool, as_json: bool, wait: bool
+) -> None:
     """Build engines (compiled, LLM API or torch) into engines/NAME, resumably, with a manifest."""
     from trtspec.build.builder import describe_plan, run_build
     from trtspec.config import load_config
@@ -314,7 +317,7 @@ def build(config: Path, emit_script: Path | None, dry_run: bool, force: bool, no
         click.echo("\n".join(describe_plan(cfg)))
         return
     err = Console(stderr=True, soft_wrap=True)
-    result = run_build(cfg, force=force, progress=lambda msg: err.print(f"[dim]build[/dim] {msg}"))
+    result = run_build(cfg, force=force, progress=lambda msg: err.print(f"[dim]build[/dim] {msg}"), wait=wait)
     summary = {
         "engine_dir": str(result.engine_dir),
         "built": result.built,
@@ -465,15 +468,32 @@ def bench(**flags: Any) -> None:
     default="k8s",
     help="k8s: kustomize-ready manifests; docker: a compose setup for one host.",
 )
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Directory to write.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
-def deploy(config: Path, kind: str, out: Path, force: bool) -> None:
+@click.option(
+    "--check", "check_only", is_flag=True, help="Write nothing: say whether the manifests can come up on a cluster."
+)
+def deploy(config: Path, kind: str, out: Path | None, force: bool, check_only: bool) -> None:
     """Write Kubernetes manifests (or a compose setup) that build and serve a config's repository."""
     from trtspec.config import load_config
     from trtspec.deploy.topology import image_for, topology
     from trtspec.deploy.write import write_deployment
 
     cfg = load_config(config)
+    if check_only or kind == "k8s":
+        from trtspec.deploy import cluster_check, k8s
+
+        findings = cluster_check.check(cfg, k8s.render(cfg))
+        errors = [f.what for f in findings if f.level == "error"]
+        if check_only:
+            for f in findings:
+                click.echo(f"{f.level}: {f.what}")
+            sys.exit(1 if errors else 0)
+        if errors:  # manifests that would not come up are not written
+            more = f" (and {len(errors) - 1} more: trtspec deploy --check)" if len(errors) > 1 else ""
+            raise UsageError(errors[0] + more)
+    if out is None:
+        raise UsageError("--out is required (or --check, which writes nothing)")
     written = write_deployment(cfg, kind, out, force)  # type: ignore[arg-type]
     topo = topology(cfg)
     shape = (

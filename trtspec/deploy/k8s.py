@@ -3,10 +3,12 @@
 The patterns are NVIDIA's (https://github.com/triton-inference-server/tutorials/tree/main/Deployment/Kubernetes,
 TensorRT-LLM_Autoscaling_and_Load_Balancing and EKS_Multinode_Triton_TRTLLM): the autoscaling
 tutorial's Deployment (probes on /v2/health/*, ports 8000/8001/8002, nvidia.com/gpu = tp x pp, /dev/shm
-as a memory emptyDir, a PodMonitor and an HPA on triton:queue_compute:ratio), and the EKS multi-node
+as a memory emptyDir, a PodMonitor and an HPA through prometheus-adapter), and the EKS multi-node
 guide's LeaderWorkerSet (group size = tp x pp / GPUs per node, a Service on the leader, ranks started
-from the leader over kubessh, so the pods need exec RBAC). Engines are built by a Job into the
-PersistentVolumeClaim the servers mount; pods run non-root with a read-only root filesystem.
+from the leader over kubessh, so the pods need exec RBAC). Where each stage runs (downloads in a Job
+without GPUs, a build on the GPUs a server pod already holds) is stages.py's; sizes and time budgets
+are sizing.py's; cluster_check.py reads the result as the scheduler and the controllers would. Pods
+run non-root with a read-only root filesystem.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import yaml
 
 from trtspec.build.builder import SKIP_WARM_UP_ENV
 from trtspec.config import DeploymentConfig
-from trtspec.deploy import monitoring
+from trtspec.deploy import monitoring, sizing, stages
 from trtspec.deploy.topology import CONFIG_PATH, WORKSPACE, Topology, image_for, topology
 
 Manifest = dict[str, Any]
@@ -26,6 +28,7 @@ Manifest = dict[str, Any]
 UID = 1000  # the triton-server user of NVIDIA's Triton images; Dockerfile.cpu creates the same
 HF_TOKEN_DIR = "/var/run/secrets/huggingface"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU Feature Discovery's
 GROUP_KEY_FIELD = "metadata.labels['leaderworkerset.sigs.k8s.io/group-key']"
 
 
@@ -50,6 +53,10 @@ def cluster_config(cfg: DeploymentConfig) -> dict[str, Any]:
     data["serve"]["repository"] = str(WORKSPACE / "model_repository")
     for role, moved in local_checkpoints(cfg).items():
         data[role]["checkpoint"] = next(iter(moved.values()))
+    for item in stages.fetches(cfg):  # hub ids: the Job downloads them onto the volume (no GPU held)
+        for role in ("target", "draft"):
+            if role in data and data[role]["checkpoint"] == item.repo_id:
+                data[role]["checkpoint"] = str(item.local)
     return data
 
 
@@ -65,13 +72,13 @@ def _meta(cfg: DeploymentConfig, name: str, component: str) -> dict[str, Any]:
     return {"name": name, "namespace": cfg.deploy.namespace, "labels": _labels(cfg, component)}
 
 
-def _resources(cfg: DeploymentConfig, topo: Topology) -> dict[str, Any]:
-    """NVIDIA's chart: CPU max(4, GPUs) and 8Gi of memory per CPU; a CPU variant gets 2 CPU and 4Gi."""
+def _resources(cfg: DeploymentConfig, topo: Topology, stage: str = "serve", gpus: bool = True) -> dict[str, Any]:
+    """NVIDIA's chart: CPU max(4, GPUs) and 8Gi of memory per CPU, or more where the weights need it
+    (sizing.py); a CPU variant gets 2 CPU. `gpus=False`: a container that must not hold any."""
     cpus = max(4, topo.gpus_per_pod) if not topo.cpu_only else 2
     cpu = cfg.deploy.cpu or str(cpus)
-    memory = cfg.deploy.memory or (f"{cpus * 8}Gi" if not topo.cpu_only else "4Gi")
-    amounts: dict[str, Any] = {"cpu": cpu, "memory": memory}
-    if topo.gpus_per_pod:
+    amounts: dict[str, Any] = {"cpu": cpu, "memory": sizing.memory_limit(cfg, stage)}
+    if topo.gpus_per_pod and gpus:
         amounts["nvidia.com/gpu"] = topo.gpus_per_pod
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
@@ -84,7 +91,19 @@ def _probe(path: str, period: int, failures: int, delay: int = 0) -> dict[str, A
     return probe
 
 
-def _container(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: bool) -> dict[str, Any]:
+STARTUP_PERIOD_S = 10
+FETCH_RESOURCES = {"cpu": "2", "memory": "8Gi"}
+
+
+def _container(
+    cfg: DeploymentConfig,
+    topo: Topology,
+    name: str,
+    args: list[str],
+    resources: dict[str, Any],
+    serving: bool = False,
+    wait_s: int | None = None,
+) -> dict[str, Any]:
     env = [
         {"name": "TRTSPEC_CONFIG", "value": str(CONFIG_PATH)},
         {"name": "HOME", "value": "/tmp"},
@@ -92,22 +111,24 @@ def _container(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: 
     ]
     if cfg.deploy.hf_token_secret:  # a file, not an env var: huggingface_hub reads HF_TOKEN_PATH
         env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/token"})
-    if topo.multi_node:
+    if topo.multi_node and serving:
         env.append({"name": "GROUP_KEY", "valueFrom": {"fieldRef": {"fieldPath": GROUP_KEY_FIELD}}})
+    if wait_s is not None:  # how long this stage waits for the one before it (sizing.Budgets)
+        env.append({"name": "TRTSPEC_WAIT_S", "value": str(wait_s)})
     container: dict[str, Any] = {
-        "name": "triton" if args != ["build"] else "build",
+        "name": name,
         "image": image_for(cfg),
         "imagePullPolicy": pull_policy(cfg),
         "args": args,
         "env": env,
-        "resources": _resources(cfg, topo),
+        "resources": resources,
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
             "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": _mounts(cfg),
+        "volumeMounts": _mounts(cfg, shm=serving or args[0] in ("build", "worker")),
     }
     if serving:
         s = cfg.serve
@@ -118,12 +139,26 @@ def _container(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: 
             {"name": "grpc", "containerPort": s.grpc_port},
             {"name": "metrics", "containerPort": s.metrics_port},
         ]
-        # Loading a large model takes minutes: the startup probe allows 30 min before liveness applies.
-        container["startupProbe"] = _probe("/v2/health/ready", 10, 180)
+        # The build ran in an init container (no probes there): the startup probe covers loading only.
+        load_s = sizing.budgets(cfg).load_s
+        container["startupProbe"] = _probe("/v2/health/ready", STARTUP_PERIOD_S, -(-load_s // STARTUP_PERIOD_S))
         container["readinessProbe"] = _probe("/v2/health/ready", 5, 3)
         container["livenessProbe"] = _probe("/v2/health/live", 10, 6)
-    # Workers and the build Job serve nothing; the leader's probes cover a group (RecreateGroupOnPodRestart).
+    # Workers and the Job serve nothing; the leader's probes cover a group (RecreateGroupOnPodRestart).
     return container
+
+
+def _init_container(cfg: DeploymentConfig, topo: Topology) -> dict[str, Any]:
+    """Before a server (a group's leader) starts: build on its own GPUs, or wait for the Job's build."""
+    budgets = sizing.budgets(cfg)
+    fetch_args = [f.arg for f in stages.fetches(cfg)]
+    if stages.build_needs_gpu(cfg):
+        resources = _resources(cfg, topo, "build")
+        return _container(cfg, topo, "build", ["build", *fetch_args], resources, wait_s=budgets.download_s)
+    small = {"cpu": "100m", "memory": "128Mi"}  # a loop that checks for a directory
+    resources = {"requests": dict(small), "limits": dict(small)}
+    wait_s = budgets.download_s + budgets.build_s
+    return _container(cfg, topo, "wait", ["wait", *fetch_args], resources, wait_s=wait_s)
 
 
 def pull_policy(cfg: DeploymentConfig) -> str:
@@ -141,11 +176,12 @@ def _pod_annotations(cfg: DeploymentConfig) -> dict[str, str]:
     return notes
 
 
-def _mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+def _mounts(cfg: DeploymentConfig, shm: bool = True) -> list[dict[str, Any]]:
+    """/dev/shm (memory, counted against the limit) only where ranks, NCCL or the python backend use it."""
     mounts = [
         {"name": "workspace", "mountPath": str(WORKSPACE)},
         {"name": "config", "mountPath": str(CONFIG_PATH.parent), "readOnly": True},
-        {"name": "dshm", "mountPath": "/dev/shm"},
+        *([{"name": "dshm", "mountPath": "/dev/shm"}] if shm else []),
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if cfg.deploy.hf_token_secret:
@@ -153,11 +189,11 @@ def _mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
     return mounts
 
 
-def _volumes(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+def _volumes(cfg: DeploymentConfig, shm: bool = True) -> list[dict[str, Any]]:
     volumes = [
         {"name": "workspace", "persistentVolumeClaim": {"claimName": f"{cfg.name}-workspace"}},
         {"name": "config", "configMap": {"name": f"{cfg.name}-config"}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.deploy.shm_size}},
+        *([{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": sizing.shm_size(cfg)}}] if shm else []),
         {"name": "tmp", "emptyDir": {}},
     ]
     if cfg.deploy.hf_token_secret:
@@ -166,7 +202,14 @@ def _volumes(cfg: DeploymentConfig) -> list[dict[str, Any]]:
     return volumes
 
 
-def _pod(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: bool, account: str | None) -> dict[str, Any]:
+def _pod(
+    cfg: DeploymentConfig,
+    topo: Topology,
+    containers: list[dict[str, Any]],
+    account: str | None,
+    init: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    gpus: bool = True,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "securityContext": {
             "runAsNonRoot": True,
@@ -176,22 +219,28 @@ def _pod(cfg: DeploymentConfig, topo: Topology, args: list[str], serving: bool, 
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "automountServiceAccountToken": account is not None,
-        "containers": [_container(cfg, topo, args, serving)],
-        "volumes": _volumes(cfg),
+        **({"initContainers": list(init)} if init else {}),
+        "containers": containers,
+        "volumes": _volumes(cfg, shm=any(m["name"] == "dshm" for c in containers for m in c["volumeMounts"])),
     }
     if account:
         spec["serviceAccountName"] = account
     if cfg.deploy.node_selector:
         spec["nodeSelector"] = dict(cfg.deploy.node_selector)
-    if not topo.cpu_only:
+    if not topo.cpu_only and gpus:
         spec["tolerations"] = [t.model_dump(exclude_none=True) for t in cfg.deploy.tolerations]
-        if cfg.deploy.gpu_product:
-            term = {"key": "nvidia.com/gpu.product", "operator": "In", "values": [cfg.deploy.gpu_product]}
+        if products := sizing.gpu_products(cfg):  # only GPUs whose memory holds the weights per GPU
+            term = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": products}
             required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
     if cfg.deploy.image_pull_secret:
         spec["imagePullSecrets"] = [{"name": cfg.deploy.image_pull_secret}]
     return spec
+
+
+def _server_pod(cfg: DeploymentConfig, topo: Topology, args: list[str], account: str | None) -> dict[str, Any]:
+    main = _container(cfg, topo, "triton", args, _resources(cfg, topo), serving=True)
+    return _pod(cfg, topo, [main], account, init=[_init_container(cfg, topo)])
 
 
 def namespace(cfg: DeploymentConfig) -> Manifest:
@@ -210,9 +259,8 @@ def config_map(cfg: DeploymentConfig) -> Manifest:
 
 def volume_claim(cfg: DeploymentConfig, topo: Topology) -> Manifest:
     """Pods of a group, or replicas the HPA adds, land on different nodes: they need ReadWriteMany."""
-    shared = topo.multi_node or cfg.deploy.replicas > 1 or cfg.deploy.autoscaling.enabled
     spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
+        "accessModes": ["ReadWriteMany" if sizing.read_write_many(cfg) else "ReadWriteOnce"],
         "resources": {"requests": {"storage": cfg.deploy.storage.size}},
     }
     if cfg.deploy.storage.storage_class:
@@ -225,25 +273,43 @@ def volume_claim(cfg: DeploymentConfig, topo: Topology) -> Manifest:
     }
 
 
-def build_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
-    """`trtspec build` into the volume; it is resumable, so a retried pod redoes only what is missing."""
-    one_pod = Topology(topo.world_size, topo.gpus_per_pod, 1, 1, topo.cpu_only)
-    pod = _pod(cfg, one_pod, ["build"], False, None)
+def prepare_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+    """Downloads, and the build where it needs no GPU (stages.py): a Job that never asks for a GPU, so the
+    servers holding theirs while they wait for it can never keep it from running."""
+    args = ["prepare", *(f.arg for f in stages.fetches(cfg))]
+    if stages.job_builds(cfg):
+        resources = _resources(cfg, topo, "build", gpus=False)
+    else:  # downloads only: a few streams to disk
+        resources = {"requests": dict(FETCH_RESOURCES), "limits": dict(FETCH_RESOURCES)}
+    container = _container(cfg, topo, "prepare", args, resources)
+    if topo.multi_node:  # the warm-up load would need the whole group; the leader's start proves it instead
+        container["env"].append({"name": SKIP_WARM_UP_ENV, "value": "1"})
+    pod = _pod(cfg, topo, [container], None, gpus=False)
     pod["restartPolicy"] = "Never"
     notes = _pod_annotations(cfg)
-    if topo.multi_node:  # the warm-up load would need the whole group; the leader's start proves it instead
-        pod["containers"][0]["env"].append({"name": SKIP_WARM_UP_ENV, "value": "1"})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         # Named by the config digest: a Job's template is immutable, so a changed config is a new Job.
         # (Job names feed a 63-character label, hence the cut.)
-        "metadata": {**_meta(cfg, f"{cfg.name[:48]}-build-{cfg.digest()[:8]}", "build"), "annotations": notes},
+        "metadata": {**_meta(cfg, job_name(cfg), "prepare"), "annotations": notes},
         "spec": {
             "backoffLimit": 2,
-            "template": {"metadata": {"labels": _labels(cfg, "build"), "annotations": notes}, "spec": pod},
+            # the downloads may take hours: a deadline from the budgets, not the default of none
+            "activeDeadlineSeconds": 3 * (sizing.budgets(cfg).download_s + sizing.budgets(cfg).build_s),
+            "template": {"metadata": {"labels": _labels(cfg, "prepare"), "annotations": notes}, "spec": pod},
         },
     }
+
+
+def job_name(cfg: DeploymentConfig) -> str:
+    return f"{cfg.name[:46]}-prepare-{cfg.digest()[:8]}"
+
+
+def service_name(cfg: DeploymentConfig) -> str:
+    """Not the workload's own name: a LeaderWorkerSet's controller creates a headless Service of that
+    name for its pods' DNS (subdomainPolicy Shared), and a Service applied first would take it."""
+    return f"{cfg.name[:59]}-api"
 
 
 def deployment(cfg: DeploymentConfig, topo: Topology) -> Manifest:
@@ -254,7 +320,7 @@ def deployment(cfg: DeploymentConfig, topo: Topology) -> Manifest:
         "selector": {"matchLabels": labels},
         # GPUs are scarce: replace a pod in place rather than ask for a surge pod's GPUs.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-        "template": {**template, "spec": _pod(cfg, topo, ["serve"], True, None)},
+        "template": {**template, "spec": _server_pod(cfg, topo, ["serve"], None)},
     }
     return {
         "apiVersion": "apps/v1",
@@ -285,11 +351,11 @@ def leader_worker_set(cfg: DeploymentConfig, topo: Topology) -> Manifest:
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": {
                     "metadata": {"labels": leader_labels, "annotations": _pod_annotations(cfg)},
-                    "spec": _pod(cfg, topo, ["leader"], True, account),
+                    "spec": _server_pod(cfg, topo, ["leader"], account),
                 },
                 "workerTemplate": {  # workers are exec'd into; they need no API access themselves
                     "metadata": {"labels": worker_labels, "annotations": _pod_annotations(cfg)},
-                    "spec": _pod(cfg, topo, ["worker"], False, None),
+                    "spec": _pod(cfg, topo, [_container(cfg, topo, "triton", ["worker"], _resources(cfg, topo))], None),
                 },
             },
         },
@@ -308,7 +374,8 @@ def launcher_rbac(cfg: DeploymentConfig) -> list[Manifest]:
             "metadata": meta,
             "rules": [
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
+                # kubectl exec over WebSocket (the default since 1.30) is authorized as `get`, SPDY as `create`
+                {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
             ],
         },
         {
@@ -333,7 +400,7 @@ def service(cfg: DeploymentConfig, topo: Topology) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(cfg, cfg.name, "server"),
+        "metadata": _meta(cfg, service_name(cfg), "server"),
         "spec": {
             "type": cfg.deploy.service_type,
             "selector": _serving_selector(cfg, topo),
@@ -386,8 +453,8 @@ def pod_monitor(cfg: DeploymentConfig, topo: Topology) -> Manifest:
 
 
 def prometheus_rule(cfg: DeploymentConfig) -> Manifest:
-    """Recording rules (the queue-to-compute ratio the HPA reads through prometheus-adapter, as in NVIDIA's
-    autoscaling tutorial, and the speculation rates) and the alerts on them."""
+    """Recording rules (the per-pod load the HPA reads through prometheus-adapter, the queue-to-compute
+    ratio of NVIDIA's autoscaling tutorial, the speculation rates) and the alerts on them."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -412,13 +479,36 @@ def dashboard_file(cfg: DeploymentConfig) -> str:
     return f"trtspec-{cfg.name}.json"
 
 
-def autoscaler(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+DEFAULT_START_S = 1800  # a new server pod's start when no estimate is given (render passes sizing's load budget)
+SCALE_DOWN_PERIOD_S = 300  # one pod removed per period: the load of the ones left shows in a few scrapes
+# the API's bounds (autoscaling/v2 HPAScalingRules)
+MAX_PERIOD_S, MAX_STABILIZATION_S = 1800, 3600
+
+
+def autoscaler(cfg: DeploymentConfig, topo: Topology, start_s: int = DEFAULT_START_S) -> Manifest:
+    """An HPA on the per-pod load (monitoring.load_signal, recorded as monitoring.LOAD and served by
+    prometheus-adapter's rule in monitoring.ADAPTER_VALUES), paced by how long a new pod takes to serve
+    (start_s): one pod added per start time, since the load stays high until the pod added last serves;
+    scale-down waits at least as long (and at least 5 minutes), one pod at a time, so a dip shorter
+    than a restart never gives back a pod it would take start_s to get again."""
     a = cfg.deploy.autoscaling
     target = (
         {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "name": cfg.name}
         if topo.multi_node
         else {"apiVersion": "apps/v1", "kind": "Deployment", "name": cfg.name}
     )
+    load = f"{round(monitoring.hpa_target(cfg) * 1000)}m"
+    one_pod = {"type": "Pods", "value": 1}
+    behavior = {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "policies": [{**one_pod, "periodSeconds": max(1, min(start_s, MAX_PERIOD_S))}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": min(max(start_s, 300), MAX_STABILIZATION_S),
+            "policies": [{**one_pod, "periodSeconds": SCALE_DOWN_PERIOD_S}],
+        },
+    }
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -431,11 +521,12 @@ def autoscaler(cfg: DeploymentConfig, topo: Topology) -> Manifest:
                 {
                     "type": "Pods",
                     "pods": {
-                        "metric": {"name": monitoring.QUEUE_COMPUTE_RATIO},
-                        "target": {"type": "AverageValue", "averageValue": f"{round(a.queue_compute_ratio * 1000)}m"},
+                        "metric": {"name": monitoring.LOAD},
+                        "target": {"type": "AverageValue", "averageValue": load},
                     },
                 }
             ],
+            "behavior": behavior,
         },
     }
 
@@ -447,8 +538,9 @@ def render(cfg: DeploymentConfig) -> dict[str, list[Manifest]]:
         "namespace.yaml": [namespace(cfg)],
         "config.yaml": [config_map(cfg)],
         "storage.yaml": [volume_claim(cfg, topo)],
-        "build-job.yaml": [build_job(cfg, topo)],
     }
+    if stages.needs_job(cfg):
+        files["prepare-job.yaml"] = [prepare_job(cfg, topo)]
     if topo.multi_node:
         files["launcher-rbac.yaml"] = launcher_rbac(cfg)
         files["leaderworkerset.yaml"] = [leader_worker_set(cfg, topo)]
@@ -460,7 +552,7 @@ def render(cfg: DeploymentConfig) -> dict[str, list[Manifest]]:
     files["prometheusrule.yaml"] = [prometheus_rule(cfg)]
     files["dashboard.yaml"] = [dashboard_config_map(cfg)]
     if cfg.deploy.autoscaling.enabled:
-        files["hpa.yaml"] = [autoscaler(cfg, topo)]
+        files["hpa.yaml"] = [autoscaler(cfg, topo, start_s=sizing.budgets(cfg).load_s)]
     files["kustomization.yaml"] = [
         {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",

@@ -1,4 +1,6 @@
-"""The in-container launcher: `entrypoint.sh build|serve|all|leader|worker` lands here.
+"""The in-container launcher: `entrypoint.sh prepare|build|wait|serve|all|leader|worker` lands here.
+
+Which stage runs where (and why that cannot deadlock on GPUs) is trtspec/deploy/stages.py's.
 
 tritonserver command lines follow TensorRT-LLM's triton_backend/scripts/launch_triton_server.py
 (https://github.com/NVIDIA/TensorRT-LLM/blob/main/triton_backend/scripts/launch_triton_server.py):
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trtspec.config import DeploymentConfig, load_config
+from trtspec.deploy.stages import FETCHED_MARKER, Fetch, job_builds
 from trtspec.deploy.topology import CONFIG_PATH, orchestrated, topology
 from trtspec.errors import TrtspecError, UsageError
 from trtspec.serve.server import ALL_INTERFACES, Ports
@@ -119,9 +122,40 @@ def wait_for_repository(cfg: DeploymentConfig, timeout: float) -> Path:
     return repository
 
 
+def fetch(items: Sequence[Fetch]) -> None:
+    """Download hub checkpoints into the volume (resumable: huggingface_hub skips finished files); the
+    marker says a directory is complete, so a build never starts on half a checkpoint."""
+    from huggingface_hub import snapshot_download
+
+    for item in items:
+        local = Path(item.local)
+        if (local / FETCHED_MARKER).is_file():
+            continue
+        print(f"trtspec launcher: downloading {item.repo_id} into {local}", file=sys.stderr, flush=True)
+        try:
+            # Llama repositories also carry the original (consolidated) weights: not what anything here loads
+            snapshot_download(item.repo_id, local_dir=str(local), ignore_patterns=["original/*"])
+            (local / FETCHED_MARKER).write_text(item.repo_id + "\n", encoding="utf-8")
+        except Exception as exc:  # hub, network and disk errors alike: one line, and the Job retries
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise TrtspecError(f"downloading {item.repo_id}: {first}") from None
+
+
+def wait_for_fetches(items: Sequence[Fetch], timeout: float) -> None:
+    """A build in the server pod waits for the Job's downloads (it holds its GPUs meanwhile, but the
+    Job needs none, so it always gets to run)."""
+    deadline = time.monotonic() + timeout
+    for item in items:
+        while not (Path(item.local) / FETCHED_MARKER).is_file():
+            if time.monotonic() > deadline:
+                raise TrtspecError(f"{item.local}: {item.repo_id} not downloaded after {timeout:.0f}s (the Job?)")
+            time.sleep(5)
+
+
 def build(cfg: DeploymentConfig, config_path: Path) -> int:
-    """`trtspec build` is resumable and a no-op when nothing changed, so a restarted Job is safe."""
-    return subprocess.call([sys.executable, "-m", "trtspec", "build", str(config_path)])
+    """`trtspec build` is resumable and a no-op when nothing changed, so a restarted pod is safe; replicas
+    that start together on one volume take turns (--wait) instead of failing."""
+    return subprocess.call([sys.executable, "-m", "trtspec", "build", str(config_path), "--wait"])
 
 
 def serve_argv(cfg: DeploymentConfig, config_path: Path, repository: Path, load_s: float) -> tuple[list[str], dict]:
@@ -201,25 +235,42 @@ def worker() -> int:
         signal.pause()
 
 
+COMMANDS = ("prepare", "build", "wait", "serve", "all", "leader", "worker")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    command = args[0] if args else "all"
+    command, rest = (args[0], args[1:]) if args else ("all", [])
     config_path = Path(os.environ.get("TRTSPEC_CONFIG", str(CONFIG_PATH)))
     if command == "worker":
         return worker()
-    if command not in {"build", "serve", "all", "leader"}:
-        print(f"trtspec launcher: unknown command {command!r} (build, serve, all, leader, worker)", file=sys.stderr)
+    if command not in COMMANDS:
+        print(f"trtspec launcher: unknown command {command!r} ({', '.join(COMMANDS)})", file=sys.stderr)
         return 2
     try:
         wait_s = _env_number("TRTSPEC_WAIT_S", 3600.0, float)
+        items = [Fetch.parse(arg) for arg in rest]
+        # the config names the downloaded directories, and loading it checks that they exist
+        if command == "prepare":
+            fetch(items)
+        else:
+            wait_for_fetches(items, wait_s)
         cfg = load_config(config_path)
-        if command in {"build", "all"}:
+        if command == "prepare":  # the Job: downloads, then the build when it needs no GPU
+            return build(cfg, config_path) if job_builds(cfg) else 0
+        if command == "wait":  # a server's init container while the Job builds
+            wait_for_repository(cfg, wait_s)
+            return 0
+        if command in {"build", "all"}:  # a server's init container where the build needs its GPUs
             code = build(cfg, config_path)
             if code or command == "build":
                 return code
         if command == "leader":
             return leader(cfg, wait_s)
         return serve(cfg, config_path, wait_s)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except TrtspecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

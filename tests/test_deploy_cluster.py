@@ -1,0 +1,195 @@
+"""The rendered objects read as a cluster runs them: bring-up order, controller names, exec RBAC.
+
+Schemas (tests/test_deploy.py) say the manifests are well-formed; these say they come up: every pod
+bound and ready on the smallest cluster a config allows, in every arrival order, with no name taken
+from a controller. The simulator is shown to fail on the arrangement that deadlocked before (a build
+Job asking for the GPUs the waiting servers hold).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CONFIGS
+
+from trtspec.cli import cli
+from trtspec.config import load_config, validate_config
+from trtspec.deploy import cluster_check, k8s, launch, stages
+from trtspec.deploy.topology import topology
+from trtspec.errors import ConfigError
+
+ALL_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+GPU = "nvidia.com/gpu"
+
+
+def docs(files: dict, kind: str) -> list[dict]:
+    return [d for d in cluster_check.objects(files) if d["kind"] == kind]
+
+
+def gpus(container: dict) -> int:
+    return int(container["resources"]["requests"].get(GPU, 0))
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_every_example_comes_up_on_its_smallest_cluster_in_every_order(name):
+    cfg = load_config(CONFIGS / name)
+    files = k8s.render(cfg)
+    findings = cluster_check.check(cfg, files)
+    assert [f.what for f in findings if f.level == "error"] == []
+    pods, nodes = cluster_check.pods(files), cluster_check.smallest_cluster(cfg)
+    assert sum(n.gpus for n in nodes) == cfg.build.tp * cfg.build.pp * (0 if topology(cfg).cpu_only else 1)
+    assert cluster_check.deadlocks(pods, nodes) == []
+    # nothing a server waits for holds a GPU: the Job asks for none
+    for job in docs(files, "Job"):
+        assert all(gpus(c) == 0 for c in job["spec"]["template"]["spec"]["containers"])
+
+
+@pytest.mark.parametrize("name", [n for n in ALL_CONFIGS if not n.startswith("tiny")])
+def test_the_old_arrangement_deadlocks_and_the_simulator_says_so(name):
+    """Before: a build Job asking for a server pod's GPUs, applied with servers that wait for its repository.
+    On exactly the GPUs the config needs, a server bound first holds them and the Job never runs."""
+    cfg = load_config(CONFIGS / name)
+    files = copy.deepcopy(k8s.render(cfg))
+    server = next(d for d in cluster_check.objects(files) if d["kind"] in ("Deployment", "LeaderWorkerSet"))
+    template = server["spec"]["template"] if server["kind"] == "Deployment" else None
+    template = template or server["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    gpu_job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "old-build"},
+        "spec": {"template": {"spec": copy.deepcopy(template["spec"])}},
+    }
+    files["old-build.yaml"] = [gpu_job]
+    problems = cluster_check.deadlocks(cluster_check.pods(files), cluster_check.smallest_cluster(cfg))
+    assert problems and "never get ready" in problems[0]
+
+
+def test_a_build_that_needs_gpus_runs_in_the_server_pod_on_its_own_gpus():
+    """Compiled engines: the build is the server's init container, asking for exactly the pod's GPUs (the
+    device plugin hands an init container's devices on to the app container); the Job only downloads."""
+    cfg = load_config(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml")
+    files = k8s.render(cfg)
+    pod = docs(files, "Deployment")[0]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["args"][0] == "build" and gpus(init) == gpus(pod["containers"][0]) == cfg.build.tp * cfg.build.pp
+    job = docs(files, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert job["args"][0] == "prepare" and gpus(job) == 0
+    fetched = [stages.Fetch.parse(a).repo_id for a in job["args"][1:]]
+    assert fetched == [cfg.target.checkpoint, cfg.draft.checkpoint]
+    assert init["args"][1:] == job["args"][1:]  # the build waits for exactly what the Job downloads
+    # the pods read the downloaded directories, never the hub: the build needs local checkpoints
+    config = yaml.safe_load(docs(files, "ConfigMap")[0]["data"]["trtspec.yaml"])
+    assert config["target"]["checkpoint"] == str(stages.Fetch.parse(job["args"][1]).local)
+
+
+@pytest.mark.parametrize("name", ["deepseek-r1-mtp-2x8-h100.yaml", "tiny-draft-target.yaml"])
+def test_a_build_that_needs_no_gpu_runs_in_the_job_and_servers_wait(name):
+    """A multi-node LLM API group skips the warm-up load (one pod cannot hold it) and the torch backend
+    needs no GPU: the Job builds, without GPUs, and the leader (or server) waits for its repository."""
+    cfg = load_config(CONFIGS / name)
+    assert stages.job_builds(cfg)
+    files = k8s.render(cfg)
+    server = (docs(files, "Deployment") or docs(files, "LeaderWorkerSet"))[0]["spec"]
+    template = server["template"] if "template" in server else server["leaderWorkerTemplate"]["leaderTemplate"]
+    (init,) = template["spec"]["initContainers"]
+    assert init["args"] == ["wait", *(f.arg for f in stages.fetches(cfg))] and gpus(init) == 0
+    if "leaderWorkerTemplate" in server:  # workers only host ranks: nothing to wait for or build
+        assert "initContainers" not in server["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_wait_and_probe_budgets_cover_each_phase_and_the_job_outlives_them(name):
+    from trtspec.deploy import sizing
+
+    cfg = load_config(CONFIGS / name)
+    files = k8s.render(cfg)
+    b = sizing.budgets(cfg)
+    server = (docs(files, "Deployment") or docs(files, "LeaderWorkerSet"))[0]["spec"]
+    template = server["template"] if "template" in server else server["leaderWorkerTemplate"]["leaderTemplate"]
+    main, init = template["spec"]["containers"][0], template["spec"]["initContainers"][0]
+    probe = main["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= b.load_s  # loading only: the build is done
+    wait_s = int(next(e["value"] for e in init["env"] if e["name"] == "TRTSPEC_WAIT_S"))
+    assert wait_s == (b.download_s if init["args"][0] == "build" else b.download_s + b.build_s)
+    for job in docs(files, "Job"):
+        assert job["spec"]["activeDeadlineSeconds"] >= b.download_s + b.build_s
+
+
+def test_names_never_collide_with_what_the_controllers_create():
+    """LWS (subdomainPolicy Shared) creates a headless Service and a StatefulSet named like itself: our
+    Service has its own name; putting it back on the LWS's name is caught."""
+    cfg = load_config(CONFIGS / "deepseek-r1-mtp-2x8-h100.yaml")
+    files = k8s.render(cfg)
+    (lws,) = docs(files, "LeaderWorkerSet")
+    (service,) = docs(files, "Service")
+    assert service["metadata"]["name"] != lws["metadata"]["name"]
+    made = cluster_check.controller_objects(files)
+    assert ("Service", lws["metadata"]["name"]) in made and ("StatefulSet", f"{lws['metadata']['name']}-0") in made
+    assert cluster_check.name_problems(files) == []
+    clash = copy.deepcopy(files)
+    docs(clash, "Service")[0]["metadata"]["name"] = lws["metadata"]["name"]
+    assert cluster_check.name_problems(clash) == [f"Service {lws['metadata']['name']} is also created by a controller"]
+    long = copy.deepcopy(files)
+    docs(long, "LeaderWorkerSet")[0]["metadata"]["name"] = "x" * 50
+    assert "too long" in cluster_check.name_problems(long)[0]
+
+
+def test_the_launcher_may_exec_over_websocket_too():
+    """kubectl exec over WebSocket (the default since Kubernetes 1.30) is authorized as `get` on pods/exec."""
+    files = k8s.render(load_config(CONFIGS / "deepseek-r1-mtp-2x8-h100.yaml"))
+    (role,) = docs(files, "Role")
+    exec_rule = next(r for r in role["rules"] if r["resources"] == ["pods/exec"])
+    assert set(exec_rule["verbs"]) == {"create", "get"}
+
+
+def test_deploy_check_and_deploy_refuse_what_would_not_come_up(runner, tmp_path):
+    good = CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml"
+    res = runner.invoke(cli, ["deploy", str(good), "--check"])
+    assert res.exit_code == 0, res.output
+    assert "come up in every arrival order" in res.output and "error:" not in res.output
+    data = yaml.safe_load(good.read_text())
+    data["deploy"]["storage"].pop("storage_class")
+    bad = tmp_path / "rwx.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    res = runner.invoke(cli, ["deploy", str(bad), "--check"])
+    assert res.exit_code == 1 and "error: the volume is ReadWriteMany" in res.output
+    out = tmp_path / "out"
+    res = runner.invoke(cli, ["deploy", str(bad), "--out", str(out)])
+    assert res.exit_code != 0 and not out.exists()
+    assert "ReadWriteMany" in res.output and "Traceback" not in res.output
+    assert runner.invoke(cli, ["deploy", str(bad), "--target", "docker", "--out", str(out)]).exit_code == 0
+
+
+def test_launcher_stages(monkeypatch, tmp_path, capsys):
+    """prepare downloads then builds (when the Job builds); build waits for the downloads with a budget."""
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("TRTSPEC_CONFIG", str(config))
+    calls: list[str] = []
+    monkeypatch.setattr(launch, "fetch", lambda items: calls.append(f"fetch {len(items)}"))
+    monkeypatch.setattr(launch, "build", lambda cfg, path: calls.append("build") or 0)
+    item = f"org/model={tmp_path / 'ckpt'}"
+    assert launch.main(["prepare", item]) == 0 and calls == ["fetch 1", "build"]
+    monkeypatch.setenv("TRTSPEC_WAIT_S", "0")
+    assert launch.main(["build", item]) == 2
+    assert "org/model not downloaded after 0s" in capsys.readouterr().err
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / stages.FETCHED_MARKER).write_text("org/model\n")
+    calls.clear()
+    assert launch.main(["build", item]) == 0 and calls == ["build"]
+    assert launch.main(["prepare", "no-equals-sign"]) == 2
+    assert "expected HUB_ID=/ABSOLUTE/DIR" in capsys.readouterr().err
+
+
+def test_cluster_config_points_hub_ids_at_the_downloaded_directories():
+    cfg = load_config(CONFIGS / "deepseek-r1-mtp-2x8-h100.yaml")
+    data = k8s.cluster_config(cfg)
+    (item,) = stages.fetches(cfg)
+    assert data["target"]["checkpoint"] == str(item.local) and Path(str(item.local)).is_absolute()
+    # loading it checks the directory exists, so every launcher command waits for the download first
+    with pytest.raises(ConfigError, match="no such checkpoint directory"):
+        validate_config(data)
