@@ -150,6 +150,10 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
         if cfg.speculation.max_concurrency is not None:
             target["trtspec_max_concurrency"] = str(cfg.speculation.max_concurrency)
     draft = {**common, "trtspec_dtype": cfg.draft.dtype if cfg.draft else cfg.target.dtype}
+    # On a CPU the draft stand-in runs one intra-op thread: a draft step is too small to split, and an
+    # OpenMP team left spinning after each BLS call takes the cores the target's call needs next (the BLS
+    # path served 47 -> 61 tokens/s on 2 cores, docs/measurements.md)
+    draft["trtspec_cpu_threads"] = "1"
     # the BLS refuses a request that cannot fit the target before running it (trtspec's torch BLS reads these)
     bls = {"trtspec_max_seq_len": str(b.max_seq_len)}
     longest = read_engine_config(engines / "target").get("build_config", {}).get("max_draft_len")

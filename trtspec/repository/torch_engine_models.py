@@ -166,6 +166,10 @@ class TensorRTLLMModel(BatchedPythonModel):
         k = int(p.get("trtspec_num_draft_tokens", "1")) if mode == "mtp" else 0
 
         def build():  # on the engine thread: see engine_loop
+            if device == "cpu" and p.get("trtspec_cpu_threads"):
+                import torch
+
+                torch.set_num_threads(int(p["trtspec_cpu_threads"]))
             dtype = resolve_dtype(p.get("trtspec_dtype", "auto"), device)
             model = load_transformer(engine_dir, dtype, device, max_len)
             runner = load_runner(engine_dir, mode, num_draft_tokens=max(k, 1), target=model, max_len=max_len)
