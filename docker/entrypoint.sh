@@ -1,6 +1,9 @@
 #!/bin/sh
-# Entry point of trtspec's images (GPU and CPU): build | serve | all | leader | worker.
-#   build   trtspec build + package into the workspace volume (resumable; a no-op when up to date)
+# Entry point of trtspec's images (GPU and CPU): prepare | build | wait | serve | all | leader | worker.
+#   prepare (the Job, no GPU) download hub checkpoints (HUB_ID=/DIR args), then build if no GPU is needed
+#   build   wait for those downloads, then trtspec build + package into the workspace volume (resumable;
+#           a no-op when up to date; waits its turn if another pod builds the same engines)
+#   wait    wait for the downloads and the Job's repository (a server's init container)
 #   serve   wait for the packaged repository, then run tritonserver on it
 #   all     build, then serve (the CPU image's default: one container does everything)
 #   leader  multi-node: wait for the group's pods, start every rank over kubessh, serve from rank 0

@@ -111,13 +111,13 @@ def _repository(cfg: DeploymentConfig) -> Path:
 
 
 def wait_for_repository(cfg: DeploymentConfig, timeout: float) -> Path:
-    """The build Job writes the repository; serving pods may start first and must wait, not crash-loop.
+    """The prepare Job (or a build init container) writes the repository; whoever waits must not crash-loop.
     `trtspec package` renames a finished staging directory into place, so existing means complete."""
     repository = _repository(cfg)
     deadline = time.monotonic() + timeout
     while not repository.is_dir():
         if time.monotonic() > deadline:
-            raise TrtspecError(f"{repository}: no model repository after {timeout:.0f}s (has the build Job finished?)")
+            raise TrtspecError(f"{repository}: no model repository after {timeout:.0f}s (has the prepare Job finished?)")
         time.sleep(5)
     return repository
 
