@@ -117,7 +117,7 @@ def wait_for_repository(cfg: DeploymentConfig, timeout: float) -> Path:
     deadline = time.monotonic() + timeout
     while not repository.is_dir():
         if time.monotonic() > deadline:
-            raise TrtspecError(f"{repository}: no model repository after {timeout:.0f}s (has the prepare Job finished?)")
+            raise TrtspecError(f"{repository}: no model repository after {timeout:.0f}s (is the prepare Job done?)")
         time.sleep(5)
     return repository
 
