@@ -354,7 +354,7 @@ def test_launcher_errors_are_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("TRTSPEC_CONFIG", str(tiny))
     monkeypatch.setenv("TRTSPEC_WAIT_S", "0")
     assert launch.main(["serve"]) == 2
-    assert "no model repository after 0s (has the build Job finished?)" in capsys.readouterr().err
+    assert "no model repository of this config after 0s (is the prepare Job done?)" in capsys.readouterr().err
 
 
 def test_config_change_rolls_the_pods_and_makes_a_new_build_job():

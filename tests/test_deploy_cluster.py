@@ -113,9 +113,12 @@ def test_wait_and_probe_budgets_cover_each_phase_and_the_job_outlives_them(name)
     probe = main["startupProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] >= b.load_s  # loading only: the build is done
     wait_s = int(next(e["value"] for e in init["env"] if e["name"] == "TRTSPEC_WAIT_S"))
-    assert wait_s == (b.download_s if init["args"][0] == "build" else b.download_s + b.build_s)
+    # a waiter outlasts every attempt the Job may make (a failed Job ends the wait sooner, with its reason)
+    attempts = k8s.JOB_ATTEMPTS
+    assert wait_s == (attempts * b.download_s if init["args"][0] == "build" else k8s.job_deadline_s(cfg))
     for job in docs(files, "Job"):
-        assert job["spec"]["activeDeadlineSeconds"] >= b.download_s + b.build_s
+        assert job["spec"]["activeDeadlineSeconds"] == attempts * (b.download_s + b.build_s)
+        assert job["spec"]["backoffLimit"] == attempts - 1
 
 
 def test_names_never_collide_with_what_the_controllers_create():
@@ -193,3 +196,69 @@ def test_cluster_config_points_hub_ids_at_the_downloaded_directories():
     # loading it checks the directory exists, so every launcher command waits for the download first
     with pytest.raises(ConfigError, match="no such checkpoint directory"):
         validate_config(data)
+
+
+def test_a_failed_prepare_job_ends_the_wait_with_its_reason(monkeypatch, tmp_path, capsys):
+    """After the Job's last attempt fails (a 401 on a gated model), the servers' init containers stop with
+    its reason instead of waiting out their budget; a marker left by another Job is not theirs."""
+    marker = tmp_path / ".trtspec-prepare-failed"
+    monkeypatch.setattr(launch, "PREPARE_FAILED", marker)
+    monkeypatch.setenv("TRTSPEC_CONFIG", str(CONFIGS / "tiny-draft-target.yaml"))
+    monkeypatch.setenv("TRTSPEC_JOB", "demo-prepare-1234")
+    monkeypatch.setenv("TRTSPEC_WAIT_S", "0")
+
+    def fail(items):
+        raise launch.TrtspecError("downloading org/gated: 401 Client Error")
+
+    monkeypatch.setattr(launch, "fetch", fail)
+    item = f"org/gated={tmp_path / 'gated'}"
+    assert launch.main(["prepare", item]) == 2
+    assert marker.read_text().startswith("demo-prepare-1234\n")
+    capsys.readouterr()
+    monkeypatch.setenv("TRTSPEC_WAIT_S", "3600")
+    assert launch.main(["wait", item]) == 2  # at once, not after an hour
+    err = capsys.readouterr().err
+    assert "the prepare Job demo-prepare-1234 failed: downloading org/gated: 401" in err
+    assert "kubectl delete job demo-prepare-1234" in err
+    monkeypatch.setenv("TRTSPEC_JOB", "demo-prepare-5678")  # another config's Job: not this failure
+    monkeypatch.setenv("TRTSPEC_WAIT_S", "0")
+    assert launch.main(["wait", item]) == 2
+    assert "not downloaded after 0s" in capsys.readouterr().err
+
+
+def test_servers_wait_for_the_repository_of_their_own_config(monkeypatch, tmp_path):
+    """After a config change the rolled servers find the old repository in place: it records the config it
+    was packaged from, and they wait for theirs."""
+    from trtspec.repository.package import config_digest_path
+
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    data["serve"]["repository"] = str(tmp_path / "repos")
+    cfg = validate_config(data)
+    repository = tmp_path / "repos" / cfg.name
+    repository.mkdir(parents=True)
+    config_digest_path(repository).write_text("an-older-config\n")
+    with pytest.raises(launch.TrtspecError, match="no model repository of this config after 0s"):
+        launch.wait_for_repository(cfg, 0)
+    config_digest_path(repository).write_text(cfg.digest() + "\n")
+    assert launch.wait_for_repository(cfg, 0) == repository
+
+
+def test_compiled_engines_stay_on_the_architecture_they_were_built_for():
+    """TensorRT engines do not load on another GPU architecture: an H200-built engine may not land on a
+    B200 replica, while the LLM API (no engines) may take any GPU that holds the weights."""
+    from trtspec.deploy import sizing
+
+    cfg = load_config(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml")
+    products = sizing.gpu_products(cfg)
+    assert products and {sizing.architecture(p) for p in products} == {"hopper"}
+    llmapi = load_config(CONFIGS / "deepseek-r1-mtp-8gpu.yaml")
+    assert len({sizing.architecture(p) for p in sizing.gpu_products(llmapi)}) > 1
+
+
+def test_the_job_tolerates_the_gpu_taint_without_asking_for_gpus():
+    """deploy.node_selector applies to the Job too; if it picks tainted GPU nodes, the Job must tolerate
+    the taint or it stays Pending while every server waits for it."""
+    cfg = load_config(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml")
+    job = docs(k8s.render(cfg), "Job")[0]["spec"]["template"]["spec"]
+    assert job["tolerations"] == [t.model_dump(exclude_none=True) for t in cfg.deploy.tolerations]
+    assert "affinity" not in job and gpus(job["containers"][0]) == 0

@@ -148,7 +148,11 @@ def test_gpu_products_are_exactly_the_known_gpus_that_hold_the_weights(name):
         assert sizing.GPU_PRODUCTS[cfg.deploy.gpu_product] >= required_gb(cfg)
     else:
         need = required_gb(cfg)
-        assert products and set(products) == {p for p, gb in sizing.GPU_PRODUCTS.items() if gb >= need}
+        holding = {p for p, gb in sizing.GPU_PRODUCTS.items() if gb >= need}
+        if cfg.build.backend == "tensorrt":  # engines load only on the architecture they were built for
+            smallest = min(holding, key=lambda p: (sizing.GPU_PRODUCTS[p], p))
+            holding = {p for p in holding if sizing.architecture(p) == sizing.architecture(smallest)}
+        assert products and set(products) == holding
 
 
 def test_the_h200_config_excludes_80gb_gpus_when_its_weights_or_plan_do_not_fit_them():
@@ -158,11 +162,13 @@ def test_the_h200_config_excludes_80gb_gpus_when_its_weights_or_plan_do_not_fit_
     assert not eighty & set(sizing.gpu_products(cfg))  # KV caps sized for 141 GB: 80 GB GPUs are out
     unplanned = variant(H200_70B, build={"gpu_memory_gb": None})  # the weights alone decide
     fits_80 = sizing.weights_gb_per_gpu(unplanned) + RUNTIME_RESERVE_GB <= 80
-    assert (eighty <= set(sizing.gpu_products(unplanned))) == fits_80
+    hopper = {p for p in eighty if sizing.architecture(p) == "hopper"}  # the engines' architecture
+    assert (hopper <= set(sizing.gpu_products(unplanned))) == fits_80
     bf16 = variant(H200_70B, target={"quantization": "none"}, build={"gpu_memory_gb": None})
     need = sizing.weights_gb_per_gpu(bf16) + RUNTIME_RESERVE_GB
     assert need > 141  # 70B in BF16 does not fit one H200
-    assert sizing.gpu_products(bf16) == [p for p, gb in sizing.GPU_PRODUCTS.items() if gb >= need]
+    holding = [p for p, gb in sizing.GPU_PRODUCTS.items() if gb >= need]
+    assert holding and sizing.gpu_products(bf16) == [p for p in holding if sizing.architecture(p) == "blackwell"]
 
 
 def test_check_refuses_weights_that_cannot_fit_the_pinned_gpu_in_one_line():

@@ -135,7 +135,11 @@ def test_a_failed_write_keeps_the_previous_repository(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="No space left on device"):
         package.package_repository(cfg)
     assert (first / "tensorrt_llm" / "1" / "model.yaml").read_text() == before
-    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no staging directory left
+    # no staging directory left; the record of which config the repository in place serves is the first's
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted(
+        [first.name, package.config_digest_path(first).name]
+    )
+    assert package.config_digest_path(first).read_text().strip() == cfg.digest()
 
 
 def test_nvidias_models_come_from_where_the_image_has_them(runner, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtspec.config import DeploymentConfig
-from trtspec.deploy import sizing
+from trtspec.deploy import sizing, stages
 from trtspec.deploy.topology import topology
 
 Manifest = dict[str, Any]
@@ -233,7 +233,17 @@ def check(cfg: DeploymentConfig, files: dict[str, list[Manifest]]) -> list[Findi
     cluster = f"{len(nodes)} node(s), {gpus} GPU(s) ({products})"
     findings.append(Finding("info", f"smallest cluster: {cluster}; {len(pod_list)} pod(s) {verdict}"))
     findings.append(Finding("info", f"budgets: download {b.download_s}s, build {b.build_s}s, load {b.load_s}s"))
-    findings.append(
-        Finding("info", f"per server pod: memory {sizing.memory_limit(cfg, 'serve')}, /dev/shm {sizing.shm_size(cfg)}")
-    )
+    serve, build = sizing.memory_limit(cfg, "serve"), sizing.memory_limit(cfg, "build")
+    # a pod reserves max(any init container, the sum of its containers) for its whole life
+    held = max(serve, build, key=sizing.quantity_bytes) if stages.build_needs_gpu(cfg) else serve
+    shm = sizing.shm_size(cfg)
+    findings.append(Finding("info", f"per server pod: memory {serve} serving, {held} reserved; /dev/shm {shm}"))
+    if stages.needs_job(cfg) and not sizing.read_write_many(cfg):
+        findings.append(
+            Finding(
+                "info",
+                "ReadWriteOnce volume: the Job and the server mount it from one node at a time (fine on one node"
+                " or a node-local provisioner; block storage across nodes would hold the Job in Multi-Attach)",
+            )
+        )
     return findings

@@ -115,6 +115,8 @@ def _container(
         env.append({"name": "GROUP_KEY", "valueFrom": {"fieldRef": {"fieldPath": GROUP_KEY_FIELD}}})
     if wait_s is not None:  # how long this stage waits for the one before it (sizing.Budgets)
         env.append({"name": "TRTSPEC_WAIT_S", "value": str(wait_s)})
+    if stages.needs_job(cfg) and (name != "triton"):  # the Job, and who waits for it, know which Job it is
+        env.append({"name": "TRTSPEC_JOB", "value": job_name(cfg)})
     container: dict[str, Any] = {
         "name": name,
         "image": image_for(cfg),
@@ -154,11 +156,13 @@ def _init_container(cfg: DeploymentConfig, topo: Topology) -> dict[str, Any]:
     fetch_args = [f.arg for f in stages.fetches(cfg)]
     if stages.build_needs_gpu(cfg):
         resources = _resources(cfg, topo, "build")
-        return _container(cfg, topo, "build", ["build", *fetch_args], resources, wait_s=budgets.download_s)
-    small = {"cpu": "100m", "memory": "128Mi"}  # a loop that checks for a directory
+        # as long as the Job may take to download, retries included (a failed Job ends the wait sooner)
+        wait_s = JOB_ATTEMPTS * budgets.download_s
+        return _container(cfg, topo, "build", ["build", *fetch_args], resources, wait_s=wait_s)
+    # a polling loop, but it loads trtspec's config and repository code (torch among its imports)
+    small = {"cpu": "250m", "memory": "1Gi"}
     resources = {"requests": dict(small), "limits": dict(small)}
-    wait_s = budgets.download_s + budgets.build_s
-    return _container(cfg, topo, "wait", ["wait", *fetch_args], resources, wait_s=wait_s)
+    return _container(cfg, topo, "wait", ["wait", *fetch_args], resources, wait_s=job_deadline_s(cfg))
 
 
 def pull_policy(cfg: DeploymentConfig) -> str:
@@ -227,19 +231,22 @@ def _pod(
         spec["serviceAccountName"] = account
     if cfg.deploy.node_selector:
         spec["nodeSelector"] = dict(cfg.deploy.node_selector)
-    if not topo.cpu_only and gpus:
+    if not topo.cpu_only:  # the Job too: deploy.node_selector may pick the tainted GPU nodes for it as well
         spec["tolerations"] = [t.model_dump(exclude_none=True) for t in cfg.deploy.tolerations]
-        if products := sizing.gpu_products(cfg):  # only GPUs whose memory holds the weights per GPU
-            term = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": products}
-            required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
-            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    # only GPUs whose memory holds the weights per GPU (and, for engines, of the architecture they are built for)
+    if not topo.cpu_only and gpus and (products := sizing.gpu_products(cfg)):
+        term = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": products}
+        required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
     if cfg.deploy.image_pull_secret:
         spec["imagePullSecrets"] = [{"name": cfg.deploy.image_pull_secret}]
     return spec
 
 
 def _server_pod(cfg: DeploymentConfig, topo: Topology, args: list[str], account: str | None) -> dict[str, Any]:
-    main = _container(cfg, topo, "triton", args, _resources(cfg, topo), serving=True)
+    # the leader waits for its group's pods within the load budget, so its own message comes before the probe's
+    wait_s = sizing.budgets(cfg).load_s if args == ["leader"] else None
+    main = _container(cfg, topo, "triton", args, _resources(cfg, topo), serving=True, wait_s=wait_s)
     return _pod(cfg, topo, [main], account, init=[_init_container(cfg, topo)])
 
 
@@ -294,12 +301,21 @@ def prepare_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
         # (Job names feed a 63-character label, hence the cut.)
         "metadata": {**_meta(cfg, job_name(cfg), "prepare"), "annotations": notes},
         "spec": {
-            "backoffLimit": 2,
+            "backoffLimit": JOB_ATTEMPTS - 1,
             # the downloads may take hours: a deadline from the budgets, not the default of none
-            "activeDeadlineSeconds": 3 * (sizing.budgets(cfg).download_s + sizing.budgets(cfg).build_s),
+            "activeDeadlineSeconds": job_deadline_s(cfg),
             "template": {"metadata": {"labels": _labels(cfg, "prepare"), "annotations": notes}, "spec": pod},
         },
     }
+
+
+JOB_ATTEMPTS = 3  # the prepare Job's pod runs at most this often (backoffLimit + 1)
+
+
+def job_deadline_s(cfg: DeploymentConfig) -> int:
+    """Every attempt may take the whole download and build budget; whoever waits for the Job waits this long."""
+    b = sizing.budgets(cfg)
+    return JOB_ATTEMPTS * (b.download_s + b.build_s)
 
 
 def job_name(cfg: DeploymentConfig) -> str:

@@ -14,16 +14,17 @@ NVIDIA's LeaderWorkerSet guide does. One rank on one node is plain `trtspec serv
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trtspec.config import DeploymentConfig, load_config
-from trtspec.deploy.stages import FETCHED_MARKER, Fetch, job_builds
+from trtspec.deploy.stages import FETCHED_MARKER, PREPARE_FAILED, Fetch, job_builds
 from trtspec.deploy.topology import CONFIG_PATH, orchestrated, topology
 from trtspec.errors import TrtspecError, UsageError
 from trtspec.serve.server import ALL_INTERFACES, Ports
@@ -110,15 +111,45 @@ def _repository(cfg: DeploymentConfig) -> Path:
     return repository_dir_for(cfg)
 
 
+def _prepare_failed() -> str | None:
+    """The prepare Job's failure, as it wrote it, when it is the Job these pods belong to (TRTSPEC_JOB)."""
+    job = os.environ.get("TRTSPEC_JOB")
+    try:
+        name, _, message = PREPARE_FAILED.read_text(encoding="utf-8").partition("\n")
+    except OSError:
+        return None
+    if not job or name != job:
+        return None
+    return f"the prepare Job {job} failed: {message.strip()}; fix it, `kubectl delete job {job}` and apply again"
+
+
+def _wait(ready: Callable[[], bool], timeout: float, late: str) -> None:
+    """Poll until `ready`; a failed prepare Job ends the wait at once, with its reason, not at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if (failed := _prepare_failed()) is not None:
+            raise TrtspecError(failed)
+        if time.monotonic() > deadline:
+            raise TrtspecError(f"{late} after {timeout:.0f}s (is the prepare Job done?)")
+        time.sleep(5)
+
+
+def _repository_current(repository: Path, cfg: DeploymentConfig) -> bool:
+    from trtspec.repository.package import config_digest_path
+
+    try:
+        recorded = config_digest_path(repository).read_text(encoding="utf-8").strip()
+        return recorded == cfg.digest() and repository.is_dir()
+    except OSError:
+        return False
+
+
 def wait_for_repository(cfg: DeploymentConfig, timeout: float) -> Path:
     """The prepare Job (or a build init container) writes the repository; whoever waits must not crash-loop.
-    `trtspec package` renames a finished staging directory into place, so existing means complete."""
+    `trtspec package` renames a finished staging directory into place, so existing means complete; it
+    records the config it serves, so after a config change the servers wait for the new one."""
     repository = _repository(cfg)
-    deadline = time.monotonic() + timeout
-    while not repository.is_dir():
-        if time.monotonic() > deadline:
-            raise TrtspecError(f"{repository}: no model repository after {timeout:.0f}s (is the prepare Job done?)")
-        time.sleep(5)
+    _wait(lambda: _repository_current(repository, cfg), timeout, f"{repository}: no model repository of this config")
     return repository
 
 
@@ -144,12 +175,30 @@ def fetch(items: Sequence[Fetch]) -> None:
 def wait_for_fetches(items: Sequence[Fetch], timeout: float) -> None:
     """A build in the server pod waits for the Job's downloads (it holds its GPUs meanwhile, but the
     Job needs none, so it always gets to run)."""
-    deadline = time.monotonic() + timeout
     for item in items:
-        while not (Path(item.local) / FETCHED_MARKER).is_file():
-            if time.monotonic() > deadline:
-                raise TrtspecError(f"{item.local}: {item.repo_id} not downloaded after {timeout:.0f}s (the Job?)")
-            time.sleep(5)
+        _wait(
+            lambda item=item: (Path(item.local) / FETCHED_MARKER).is_file(), timeout, f"{item.repo_id} not downloaded"
+        )
+
+
+def prepare(items: Sequence[Fetch], config_path: Path) -> int:
+    """The Job: downloads, then the build where it needs no GPU. A failure is written where the waiting
+    pods read it, so they stop with its reason instead of waiting out their budget."""
+    job = os.environ.get("TRTSPEC_JOB", "")
+    try:
+        if job and _prepare_failed() is not None:
+            PREPARE_FAILED.unlink(missing_ok=True)  # this Job runs again (a retry): not failed yet
+        fetch(items)
+        cfg = load_config(config_path)
+        code = build(cfg, config_path) if job_builds(cfg) else 0
+        if code:
+            raise TrtspecError(f"trtspec build exited {code} (see this Job's log)")
+        return 0
+    except TrtspecError as exc:
+        if job:
+            with contextlib.suppress(OSError):
+                PREPARE_FAILED.write_text(f"{job}\n{exc}\n", encoding="utf-8")
+        raise
 
 
 def build(cfg: DeploymentConfig, config_path: Path) -> int:
@@ -250,16 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_s = _env_number("TRTSPEC_WAIT_S", 3600.0, float)
         items = [Fetch.parse(arg) for arg in rest]
-        # the config names the downloaded directories, and loading it checks that they exist
         if command == "prepare":
-            fetch(items)
-        else:
-            wait_for_fetches(items, wait_s)
+            return prepare(items, config_path)
+        # the config names the downloaded directories, and loading it checks that they exist
+        started = time.monotonic()
+        wait_for_fetches(items, wait_s)
         cfg = load_config(config_path)
-        if command == "prepare":  # the Job: downloads, then the build when it needs no GPU
-            return build(cfg, config_path) if job_builds(cfg) else 0
-        if command == "wait":  # a server's init container while the Job builds
-            wait_for_repository(cfg, wait_s)
+        if command == "wait":  # a server's init container while the Job builds: one budget for both waits
+            wait_for_repository(cfg, max(wait_s - (time.monotonic() - started), 0.0))
             return 0
         if command in {"build", "all"}:  # a server's init container where the build needs its GPUs
             code = build(cfg, config_path)

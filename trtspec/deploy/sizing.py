@@ -48,6 +48,24 @@ GPU_PRODUCTS: dict[str, float] = {
     "NVIDIA-H200-NVL": 141,
     "NVIDIA-B200": 180,
 }
+# The architecture each product is (TensorRT engines do not load on another one: "engines are not
+# portable across different GPU architectures", TensorRT's support matrix, without hardware compatibility)
+GPU_ARCHITECTURES = {
+    "NVIDIA-A100": "ampere",
+    "NVIDIA-H100": "hopper",
+    "NVIDIA-H200": "hopper",
+    "NVIDIA-B200": "blackwell",
+}
+
+
+# Quantizations that need a given architecture (FP8 tensor cores from Ada/Hopper on; NVFP4 on Blackwell)
+QUANT_ARCHITECTURES = {"fp8": {"hopper", "blackwell"}, "nvfp4": {"blackwell"}}
+
+
+def architecture(product: str) -> str:
+    return next((arch for prefix, arch in GPU_ARCHITECTURES.items() if product.startswith(prefix)), product)
+
+
 # plan.GPUS (the roofline's GPUs) -> the product each entry describes; tests assert the memory agrees.
 PLAN_GPU_PRODUCTS = {
     "a100": "NVIDIA-A100-SXM4-80GB",
@@ -291,7 +309,14 @@ def gpu_products(cfg: DeploymentConfig) -> list[str]:
     need = _required_gb(cfg)
     if need is None:
         return []
-    return sorted((p for p, gb in GPU_PRODUCTS.items() if gb >= need), key=lambda p: (GPU_PRODUCTS[p], p))
+    fitting = sorted((p for p, gb in GPU_PRODUCTS.items() if gb >= need), key=lambda p: (GPU_PRODUCTS[p], p))
+    if cfg.build.backend == "tensorrt" and fitting:
+        # engines built on one architecture load only there: the smallest that holds them and runs the
+        # target's quantization
+        allowed = QUANT_ARCHITECTURES.get(cfg.target.quantization)
+        fitting = [p for p in fitting if allowed is None or architecture(p) in allowed]
+        fitting = [p for p in fitting if architecture(p) == architecture(fitting[0])] if fitting else []
+    return fitting
 
 
 def fits(cfg: DeploymentConfig) -> str | None:

@@ -10,8 +10,9 @@ Job after the downloads, and the servers wait for its repository.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from trtspec.build.builder import warm_up_fits_one_host
 from trtspec.config import DeploymentConfig
@@ -19,6 +20,7 @@ from trtspec.deploy.topology import WORKSPACE
 
 CHECKPOINTS = WORKSPACE / "checkpoints"
 FETCHED_MARKER = ".trtspec-fetched"  # written into a checkpoint directory once its download completed
+PREPARE_FAILED = Path(os.environ.get("TRTSPEC_WORKSPACE", str(WORKSPACE))) / ".trtspec-prepare-failed"
 
 
 @dataclass(frozen=True)

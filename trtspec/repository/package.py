@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from functools import partial
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from trtspec.build.shared_gpu import shared_gpu_plan
 from trtspec.build.torch_engine import read_engine_config
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import TrtspecError, UsageError
-from trtspec.fsutil import replace_dir
+from trtspec.fsutil import atomic_write_text, replace_dir
 from trtspec.repository import contract, engine, llmapi
 from trtspec.repository.pbtxt import render
 
@@ -46,6 +47,10 @@ TORCH_MODELS = {
     "tensorrt_llm_bls": "BLSModel",
 }
 IMPORT = "from trtspec.repository.{module} import {cls} as TritonPythonModel  # noqa: F401\n"
+
+
+def config_digest_path(repository: Path) -> Path:
+    return repository.parent / f".{repository.name}.config-digest"
 
 
 def repository_dir_for(cfg: DeploymentConfig) -> Path:
@@ -245,13 +250,17 @@ def package_repository(
             )
         writer = partial(writer, nvidia_models=nvidia_models.rstrip("/"), root=container_root.rstrip("/"))
     final = repository_dir_for(cfg)
-    staging = final.parent / f".staging-{final.name}-{os.getpid()}"
+    # per host and process: pods on a shared volume have the same pids
+    staging = final.parent / f".staging-{final.name}-{socket.gethostname()}-{os.getpid()}"
     try:
         staging.mkdir(parents=True)
         writer(cfg, staging)
         if cfg.build.backend in ("tensorrt", "pytorch") and (problems := contract.violations(staging)):
             raise TrtspecError(f"{final} would not load in NVIDIA's container: {'; '.join(problems)}")
         replace_dir(staging, final)
+        # which config the repository in place serves, written once it is in place: a server waiting for
+        # it must not start on an older one (beside it: Triton would take a file inside for a model)
+        atomic_write_text(config_digest_path(final), cfg.digest() + "\n")
     except OSError as exc:
         raise UsageError(f"cannot write {final}: {exc.strerror or exc}") from None
     finally:
