@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from trtspec.check import run_check
 from trtspec.cli import cli
 from trtspec.config import validate_config
+from trtspec.deploy.sizing import KNOWN_CHECKPOINTS
 
 TEXT_A = ["the quick brown fox jumps over the lazy dog " * 3, "speculative decoding drafts and verifies tokens"] * 20
 TEXT_B = ["lorem ipsum dolor sit amet consectetur adipiscing elit", "sed do eiusmod tempor incididunt"] * 20
@@ -240,60 +241,15 @@ def test_cli_exit_codes(tmp_path, runner):
 
 # --- memory against hand calculations of the published configurations -------------------------
 
-LLAMA_70B = {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
-LLAMA_1B = {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-}
-DEEPSEEK_R1 = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61,
-    "first_k_dense_replace": 3,
-    "n_routed_experts": 256,
-    "n_shared_experts": 1,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "vocab_size": 129280,
-    "max_position_embeddings": 163840,
-    "num_nextn_predict_layers": 1,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    # as published: DeepSeek-R1 ships FP8 block-quantized weights
-    "quantization_config": {
-        "activation_scheme": "dynamic",
-        "fmt": "e4m3",
-        "quant_method": "fp8",
-        "weight_block_size": [128, 128],
-    },
-}
+
+def _published_config(hub_id: str, **extra) -> dict:
+    """A public checkpoint's config.json, from the one table that holds them (sizing.KNOWN_CHECKPOINTS)."""
+    return {**{k: v for k, v in KNOWN_CHECKPOINTS[hub_id].items() if k != "published"}, **extra}
+
+
+LLAMA_70B = _published_config("meta-llama/Llama-3.3-70B-Instruct", max_position_embeddings=131072)
+LLAMA_1B = _published_config("meta-llama/Llama-3.2-1B-Instruct", max_position_embeddings=131072)
+DEEPSEEK_R1 = _published_config("deepseek-ai/DeepSeek-R1", max_position_embeddings=163840)
 
 
 def _published(tmp_path: Path, name: str, cfg: dict) -> Path:
