@@ -366,6 +366,12 @@ def test_config_change_rolls_the_pods_and_makes_a_new_build_job():
     ta, tb = a["Deployment"]["spec"]["template"], b["Deployment"]["spec"]["template"]
     assert ta["metadata"]["annotations"][digest] != tb["metadata"]["annotations"][digest]
     assert "replicas" not in a["Deployment"]["spec"]  # the HPA owns it
+    # an alert threshold or the HPA's bounds change no pod and no build: nothing served changed
+    c = by_kind(variant(VARIANTS["single-node"], deploy={"autoscaling": {"max_replicas": 7}}))
+    assert c["Job"]["metadata"]["name"] == a["Job"]["metadata"]["name"]
+    assert (
+        c["Deployment"]["spec"]["template"]["metadata"]["annotations"][digest] == ta["metadata"]["annotations"][digest]
+    )
     fixed = by_kind(variant(VARIANTS["single-node"], deploy={"replicas": 2, "autoscaling": {"enabled": False}}))
     assert fixed["Deployment"]["spec"]["replicas"] == 2 and "HorizontalPodAutoscaler" not in fixed
 

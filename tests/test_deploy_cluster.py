@@ -239,7 +239,7 @@ def test_servers_wait_for_the_repository_of_their_own_config(monkeypatch, tmp_pa
     config_digest_path(repository).write_text("an-older-config\n")
     with pytest.raises(launch.TrtspecError, match="no model repository of this config after 0s"):
         launch.wait_for_repository(cfg, 0)
-    config_digest_path(repository).write_text(cfg.digest() + "\n")
+    config_digest_path(repository).write_text(cfg.serving_digest() + "\n")
     assert launch.wait_for_repository(cfg, 0) == repository
 
 

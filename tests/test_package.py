@@ -139,7 +139,7 @@ def test_a_failed_write_keeps_the_previous_repository(tmp_path, monkeypatch):
     assert sorted(p.name for p in first.parent.iterdir()) == sorted(
         [first.name, package.config_digest_path(first).name]
     )
-    assert package.config_digest_path(first).read_text().strip() == cfg.digest()
+    assert package.config_digest_path(first).read_text().strip() == cfg.serving_digest()
 
 
 def test_nvidias_models_come_from_where_the_image_has_them(runner, tmp_path, monkeypatch):

@@ -291,6 +291,12 @@ class DeploymentConfig(_Section):
         text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
+    def serving_digest(self) -> str:
+        """A hash of what the served repository is made from (everything but `deploy`): pods roll, and a
+        repository is rebuilt, when it changes, not when an alert threshold or the HPA's bounds do."""
+        text = json.dumps(self.model_dump(mode="json", exclude={"deploy"}), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
 
 def resolve_checkpoint(ref: str, base_dir: Path) -> Path | None:
     """Map a checkpoint reference to a local directory; None means a Hugging Face id.

@@ -172,9 +172,9 @@ def pull_policy(cfg: DeploymentConfig) -> str:
 
 
 def _pod_annotations(cfg: DeploymentConfig) -> dict[str, str]:
-    """The config digest rolls the pods when the config changes; a local tag carries checkov's skip of
-    CKV_K8S_15 (pull policy Always), with the reason, on this object only."""
-    notes = {"trtspec.dev/config-digest": cfg.digest()[:16]}
+    """The serving digest rolls the pods when what they serve changes (not on alert or HPA edits); a local
+    tag carries checkov's skip of CKV_K8S_15 (pull policy Always), with the reason, on this object only."""
+    notes = {"trtspec.dev/config-digest": cfg.serving_digest()[:16]}
     if pull_policy(cfg) != "Always":
         notes["checkov.io/skip1"] = "CKV_K8S_15=a bare local tag (kind/minikube image load) cannot be pulled"
     return notes
@@ -319,7 +319,7 @@ def job_deadline_s(cfg: DeploymentConfig) -> int:
 
 
 def job_name(cfg: DeploymentConfig) -> str:
-    return f"{cfg.name[:46]}-prepare-{cfg.digest()[:8]}"
+    return f"{cfg.name[:46]}-prepare-{cfg.serving_digest()[:8]}"
 
 
 def service_name(cfg: DeploymentConfig) -> str:

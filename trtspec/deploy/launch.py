@@ -139,7 +139,7 @@ def _repository_current(repository: Path, cfg: DeploymentConfig) -> bool:
 
     try:
         recorded = config_digest_path(repository).read_text(encoding="utf-8").strip()
-        return recorded == cfg.digest() and repository.is_dir()
+        return recorded == cfg.serving_digest() and repository.is_dir()
     except OSError:
         return False
 

@@ -260,7 +260,7 @@ def package_repository(
         replace_dir(staging, final)
         # which config the repository in place serves, written once it is in place: a server waiting for
         # it must not start on an older one (beside it: Triton would take a file inside for a model)
-        atomic_write_text(config_digest_path(final), cfg.digest() + "\n")
+        atomic_write_text(config_digest_path(final), cfg.serving_digest() + "\n")
     except OSError as exc:
         raise UsageError(f"cannot write {final}: {exc.strerror or exc}") from None
     finally:
