@@ -37,8 +37,9 @@ EXPLORE_EVERY = 64  # every this many steps the runner-up K (0, or the best K > 
 EXPLORE_STEPS = 4  # ... for this many steps: the first after a change of K is not timed (see observe)
 EXPLORE_BUDGET = 0.02  # ... a K > 0 no more often than costs this share of K = 0's throughput
 UP_MARGIN = 0.05  # predicted gain a K > 0 needs to leave K = 0: estimates carry a few % of noise
-COST_WINDOW = 15  # a step cost is the median of this many latest steps at that (batch, K): outliers (a GC
-# pause, another process) move a median little, and a calibration figure is gone after a few real steps
+COST_WINDOW = 15  # a step cost is the mean of this many latest steps at that (batch, K), less the slowest
+# and the fastest: a lone outlier (a GC pause, another process) is dropped, while costs that recur (a
+# drafter catching up on a row that just joined) are counted, and calibration's figure soon leaves
 SWITCH_EMA = 0.1  # weight of a new catch-up time in its running estimate
 
 
@@ -164,7 +165,7 @@ class AdaptiveK(KPolicy):
         if not changed or k not in row:
             window = self.recent.setdefault((batch, k), deque([row[k]] if k in row else [], maxlen=COST_WINDOW))
             window.append(seconds)
-            row[k] = statistics.median(window)
+            row[k] = _trimmed_mean(window)
         if k == 0 or not drafted or drafted[0] == 0 or self.forced is not None:
             return  # calibration steps draft from random tokens: their acceptance means nothing
         # rows that drafted position j reached it with 0..j-1 accepted: accepted[j - 1] of them, as every
@@ -184,6 +185,11 @@ class AdaptiveK(KPolicy):
             best = max(scored, key=lambda k: scored[k])
             out[b] = {"k": best, "speedup": scored[best] / scored[0] if scored[0] else 0.0}
         return out
+
+
+def _trimmed_mean(values: deque[float]) -> float:
+    kept = sorted(values)[1:-1] if len(values) >= 5 else list(values)
+    return statistics.fmean(kept)
 
 
 def _pad(values: list[int], width: int) -> list[int]:
