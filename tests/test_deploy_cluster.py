@@ -262,3 +262,36 @@ def test_the_job_tolerates_the_gpu_taint_without_asking_for_gpus():
     job = docs(k8s.render(cfg), "Job")[0]["spec"]["template"]["spec"]
     assert job["tolerations"] == [t.model_dump(exclude_none=True) for t in cfg.deploy.tolerations]
     assert "affinity" not in job and gpus(job["containers"][0]) == 0
+
+
+def test_fetch_marks_a_finished_download_and_fails_in_one_line(monkeypatch, tmp_path):
+    """The marker is written only after huggingface_hub returns, so a build never starts on half a
+    checkpoint; a hub error (a 401 on a gated model, a full disk) is one line naming the model."""
+    import huggingface_hub
+
+    calls = []
+
+    def download(repo_id, local_dir, ignore_patterns):
+        calls.append((repo_id, ignore_patterns))
+        Path(local_dir).mkdir(parents=True)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    item = stages.Fetch("org/model", tmp_path / "org--model")
+    launch.fetch([item])
+    assert (tmp_path / "org--model" / stages.FETCHED_MARKER).read_text() == "org/model\n"
+    assert calls == [("org/model", ["original/*"])]
+    launch.fetch([item])  # done: not downloaded again
+    assert len(calls) == 1
+
+    def refused(repo_id, local_dir, ignore_patterns):
+        raise OSError("401 Client Error: Unauthorized for url: https://huggingface.co/api/models/org/gated\nmore")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refused)
+    gated = stages.Fetch("org/gated", tmp_path / "org--gated")
+    with pytest.raises(launch.TrtspecError) as err:
+        launch.fetch([gated])
+    assert (
+        str(err.value)
+        == "downloading org/gated: 401 Client Error: Unauthorized for url: https://huggingface.co/api/models/org/gated"
+    )
+    assert not (tmp_path / "org--gated" / stages.FETCHED_MARKER).exists()
