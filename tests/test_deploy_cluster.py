@@ -211,9 +211,14 @@ def test_a_failed_prepare_job_ends_the_wait_with_its_reason(monkeypatch, tmp_pat
         raise launch.TrtspecError("downloading org/gated: 401 Client Error")
 
     monkeypatch.setattr(launch, "fetch", fail)
+    monkeypatch.setenv("TRTSPEC_JOB_ATTEMPTS", "2")
     item = f"org/gated={tmp_path / 'gated'}"
     assert launch.main(["prepare", item]) == 2
-    assert marker.read_text().startswith("demo-prepare-1234\n")
+    assert marker.read_text().startswith("demo-prepare-1234\n1\n")
+    assert launch.main(["wait", item]) == 2  # one attempt failed, the Job retries: keep waiting
+    assert "not downloaded after 0s" in capsys.readouterr().err
+    assert launch.main(["prepare", item]) == 2  # the last attempt fails too
+    assert marker.read_text().startswith("demo-prepare-1234\n2\n")
     capsys.readouterr()
     monkeypatch.setenv("TRTSPEC_WAIT_S", "3600")
     assert launch.main(["wait", item]) == 2  # at once, not after an hour
@@ -224,6 +229,10 @@ def test_a_failed_prepare_job_ends_the_wait_with_its_reason(monkeypatch, tmp_pat
     monkeypatch.setenv("TRTSPEC_WAIT_S", "0")
     assert launch.main(["wait", item]) == 2
     assert "not downloaded after 0s" in capsys.readouterr().err
+    monkeypatch.setenv("TRTSPEC_JOB", "demo-prepare-1234")  # fixed and re-run: a success clears the count
+    monkeypatch.setattr(launch, "fetch", lambda items: None)
+    monkeypatch.setattr(launch, "build", lambda cfg, path: 0)
+    assert launch.main(["prepare", item]) == 0 and not marker.exists()
 
 
 def test_servers_wait_for_the_repository_of_their_own_config(monkeypatch, tmp_path):

@@ -117,6 +117,7 @@ def _container(
         env.append({"name": "TRTSPEC_WAIT_S", "value": str(wait_s)})
     if stages.needs_job(cfg) and (name != "triton"):  # the Job, and who waits for it, know which Job it is
         env.append({"name": "TRTSPEC_JOB", "value": job_name(cfg)})
+        env.append({"name": "TRTSPEC_JOB_ATTEMPTS", "value": str(JOB_ATTEMPTS)})
     container: dict[str, Any] = {
         "name": name,
         "image": image_for(cfg),

@@ -111,16 +111,23 @@ def _repository(cfg: DeploymentConfig) -> Path:
     return repository_dir_for(cfg)
 
 
-def _prepare_failed() -> str | None:
-    """The prepare Job's failure, as it wrote it, when it is the Job these pods belong to (TRTSPEC_JOB)."""
+def _failures() -> tuple[int, str]:
+    """How often this pod's prepare Job (TRTSPEC_JOB) has failed, and its last reason (0 if never)."""
     job = os.environ.get("TRTSPEC_JOB")
     try:
-        name, _, message = PREPARE_FAILED.read_text(encoding="utf-8").partition("\n")
-    except OSError:
+        name, count, message = PREPARE_FAILED.read_text(encoding="utf-8").split("\n", 2)
+        return (int(count), message.strip()) if job and name == job else (0, "")
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def _prepare_failed() -> str | None:
+    """The prepare Job's reason once its last attempt (TRTSPEC_JOB_ATTEMPTS) has failed; None before."""
+    count, message = _failures()
+    if count < _env_number("TRTSPEC_JOB_ATTEMPTS", 1, int) or not count:
         return None
-    if not job or name != job:
-        return None
-    return f"the prepare Job {job} failed: {message.strip()}; fix it, `kubectl delete job {job}` and apply again"
+    job = os.environ.get("TRTSPEC_JOB")
+    return f"the prepare Job {job} failed: {message}; fix it, `kubectl delete job {job}` and apply again"
 
 
 def _wait(ready: Callable[[], bool], timeout: float, late: str) -> None:
@@ -182,22 +189,23 @@ def wait_for_fetches(items: Sequence[Fetch], timeout: float) -> None:
 
 
 def prepare(items: Sequence[Fetch], config_path: Path) -> int:
-    """The Job: downloads, then the build where it needs no GPU. A failure is written where the waiting
-    pods read it, so they stop with its reason instead of waiting out their budget."""
+    """The Job: downloads, then the build where it needs no GPU. Each failed attempt is counted where the
+    waiting pods read it; after the last one they stop with its reason instead of waiting out their
+    budget (and a success clears the count)."""
     job = os.environ.get("TRTSPEC_JOB", "")
     try:
-        if job and _prepare_failed() is not None:
-            PREPARE_FAILED.unlink(missing_ok=True)  # this Job runs again (a retry): not failed yet
         fetch(items)
         cfg = load_config(config_path)
         code = build(cfg, config_path) if job_builds(cfg) else 0
         if code:
             raise TrtspecError(f"trtspec build exited {code} (see this Job's log)")
+        if job and _failures()[0]:
+            PREPARE_FAILED.unlink(missing_ok=True)
         return 0
     except TrtspecError as exc:
         if job:
             with contextlib.suppress(OSError):
-                PREPARE_FAILED.write_text(f"{job}\n{exc}\n", encoding="utf-8")
+                PREPARE_FAILED.write_text(f"{job}\n{_failures()[0] + 1}\n{exc}\n", encoding="utf-8")
         raise
 
 
