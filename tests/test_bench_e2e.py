@@ -306,9 +306,12 @@ def test_demo_runs_to_the_end(tmp_path):
                 # a fixed K drafts in every request; the adaptive policy may turn drafting off under load
                 speculated = server["speculated_requests"] if server["available"] else None
                 assert speculated == 4 if policy == "fixed" else speculated in range(5), server
+                # a level where the adaptive policy drafted nothing reports no accepted count (there is none)
                 assert (server["draft_tokens"], server["accepted_tokens"]) == (
                     client["draft_tokens"],
-                    client["accepted_draft_tokens"],
+                    client.get("accepted_draft_tokens", 0)
+                    if client["draft_tokens"] == 0
+                    else client["accepted_draft_tokens"],
                 )
                 if client["draft_tokens"]:
                     assert server["acceptance_rate"] == pytest.approx(client["acceptance_rate"])
