@@ -101,9 +101,13 @@ def _container(
     name: str,
     args: list[str],
     resources: dict[str, Any],
+    *,
+    shm: bool,
     serving: bool = False,
     wait_s: int | None = None,
 ) -> dict[str, Any]:
+    """`shm`: the caller, which knows the container's role, says whether it uses /dev/shm (ranks, NCCL,
+    the python backend: servers, workers and a build on the GPUs; not the Job or a pod that only waits)."""
     env = [
         {"name": "TRTSPEC_CONFIG", "value": str(CONFIG_PATH)},
         {"name": "HOME", "value": "/tmp"},
@@ -131,7 +135,7 @@ def _container(
             "runAsNonRoot": True,
             "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": _mounts(cfg, shm=serving or args[0] in ("build", "worker")),
+        "volumeMounts": _mounts(cfg, shm=shm),
     }
     if serving:
         s = cfg.serve
@@ -159,11 +163,11 @@ def _init_container(cfg: DeploymentConfig, topo: Topology) -> dict[str, Any]:
         resources = _resources(cfg, topo, "build")
         # as long as the Job may take to download, retries included (a failed Job ends the wait sooner)
         wait_s = JOB_ATTEMPTS * budgets.download_s
-        return _container(cfg, topo, "build", ["build", *fetch_args], resources, wait_s=wait_s)
+        return _container(cfg, topo, "build", ["build", *fetch_args], resources, shm=True, wait_s=wait_s)
     # a polling loop, but it loads trtspec's config and repository code (torch among its imports)
     small = {"cpu": "250m", "memory": "1Gi"}
     resources = {"requests": dict(small), "limits": dict(small)}
-    return _container(cfg, topo, "wait", ["wait", *fetch_args], resources, wait_s=job_deadline_s(cfg))
+    return _container(cfg, topo, "wait", ["wait", *fetch_args], resources, shm=False, wait_s=job_deadline_s(cfg))
 
 
 def pull_policy(cfg: DeploymentConfig) -> str:
@@ -247,7 +251,7 @@ def _pod(
 def _server_pod(cfg: DeploymentConfig, topo: Topology, args: list[str], account: str | None) -> dict[str, Any]:
     # the leader waits for its group's pods within the load budget, so its own message comes before the probe's
     wait_s = sizing.budgets(cfg).load_s if args == ["leader"] else None
-    main = _container(cfg, topo, "triton", args, _resources(cfg, topo), serving=True, wait_s=wait_s)
+    main = _container(cfg, topo, "triton", args, _resources(cfg, topo), shm=True, serving=True, wait_s=wait_s)
     return _pod(cfg, topo, [main], account, init=[_init_container(cfg, topo)])
 
 
@@ -289,7 +293,7 @@ def prepare_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
         resources = _resources(cfg, topo, "build", gpus=False)
     else:  # downloads only: a few streams to disk
         resources = {"requests": dict(FETCH_RESOURCES), "limits": dict(FETCH_RESOURCES)}
-    container = _container(cfg, topo, "prepare", args, resources)
+    container = _container(cfg, topo, "prepare", args, resources, shm=False)
     if topo.multi_node:  # the warm-up load would need the whole group; the leader's start proves it instead
         container["env"].append({"name": SKIP_WARM_UP_ENV, "value": "1"})
     pod = _pod(cfg, topo, [container], None, gpus=False)
@@ -356,6 +360,8 @@ def leader_worker_set(cfg: DeploymentConfig, topo: Topology) -> Manifest:
     account = f"{cfg.name}-launcher"
     leader_labels = {**_labels(cfg, "server"), "trtspec.dev/role": "leader"}
     worker_labels = {**_labels(cfg, "server"), "trtspec.dev/role": "worker"}
+    # a worker hosts ranks the leader starts over kubessh: NCCL and MPI use its /dev/shm
+    worker = _container(cfg, topo, "triton", ["worker"], _resources(cfg, topo), shm=True)
     return {
         "apiVersion": LWS_API,
         "kind": "LeaderWorkerSet",
@@ -372,7 +378,7 @@ def leader_worker_set(cfg: DeploymentConfig, topo: Topology) -> Manifest:
                 },
                 "workerTemplate": {  # workers are exec'd into; they need no API access themselves
                     "metadata": {"labels": worker_labels, "annotations": _pod_annotations(cfg)},
-                    "spec": _pod(cfg, topo, [_container(cfg, topo, "triton", ["worker"], _resources(cfg, topo))], None),
+                    "spec": _pod(cfg, topo, [worker], None),
                 },
             },
         },
