@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -186,6 +187,26 @@ def test_launcher_stages(monkeypatch, tmp_path, capsys):
     assert launch.main(["build", item]) == 0 and calls == ["build"]
     assert launch.main(["prepare", "no-equals-sign"]) == 2
     assert "expected HUB_ID=/ABSOLUTE/DIR" in capsys.readouterr().err
+
+
+def test_waiting_for_several_downloads_takes_one_budget_not_one_each(monkeypatch, tmp_path):
+    """TRTSPEC_WAIT_S is the budget of all downloads together: a target that arrives just in time leaves
+    the draft the rest of it, not a budget of its own (a fake clock: each poll's sleep moves it on)."""
+    monkeypatch.delenv("TRTSPEC_JOB", raising=False)
+    budget, clock = 60.0, [0.0]
+    target, draft = stages.Fetch("org/target", tmp_path / "target"), stages.Fetch("org/draft", tmp_path / "draft")
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+        if clock[0] >= budget - 5:  # the target's download finishes just before the budget is spent
+            (tmp_path / "target").mkdir(exist_ok=True)
+            (tmp_path / "target" / stages.FETCHED_MARKER).write_text("org/target\n")
+
+    monkeypatch.setattr(launch, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=sleep))
+    with pytest.raises(launch.TrtspecError, match="org/draft not downloaded after 60s"):
+        launch.wait_for_fetches([target, draft], budget)
+    assert (tmp_path / "target" / stages.FETCHED_MARKER).is_file()
+    assert clock[0] <= budget + 5 < 2 * budget  # one poll past the one deadline, not a second budget
 
 
 def test_cluster_config_points_hub_ids_at_the_downloaded_directories():

@@ -130,9 +130,11 @@ def _prepare_failed() -> str | None:
     return f"the prepare Job {job} failed: {message}; fix it, `kubectl delete job {job}` and apply again"
 
 
-def _wait(ready: Callable[[], bool], timeout: float, late: str) -> None:
-    """Poll until `ready`; a failed prepare Job ends the wait at once, with its reason, not at the deadline."""
-    deadline = time.monotonic() + timeout
+def _wait(ready: Callable[[], bool], timeout: float, late: str, deadline: float | None = None) -> None:
+    """Poll until `ready`; a failed prepare Job ends the wait at once, with its reason, not at the deadline.
+    `deadline` (time.monotonic()) is one that several waits share; by default `timeout` from now."""
+    if deadline is None:
+        deadline = time.monotonic() + timeout
     while not ready():
         if (failed := _prepare_failed()) is not None:
             raise TrtspecError(failed)
@@ -181,11 +183,12 @@ def fetch(items: Sequence[Fetch]) -> None:
 
 def wait_for_fetches(items: Sequence[Fetch], timeout: float) -> None:
     """A build in the server pod waits for the Job's downloads (it holds its GPUs meanwhile, but the
-    Job needs none, so it always gets to run)."""
+    Job needs none, so it always gets to run). One deadline for all of them: `timeout` is the budget of
+    the whole download, not of each checkpoint in turn."""
+    deadline = time.monotonic() + timeout
     for item in items:
-        _wait(
-            lambda item=item: (Path(item.local) / FETCHED_MARKER).is_file(), timeout, f"{item.repo_id} not downloaded"
-        )
+        marker = Path(item.local) / FETCHED_MARKER
+        _wait(marker.is_file, timeout, f"{item.repo_id} not downloaded", deadline)
 
 
 def prepare(items: Sequence[Fetch], config_path: Path) -> int:
