@@ -116,7 +116,7 @@ def test_wait_and_probe_budgets_cover_each_phase_and_the_job_outlives_them(name)
     wait_s = int(next(e["value"] for e in init["env"] if e["name"] == "TRTSPEC_WAIT_S"))
     # a waiter outlasts every attempt the Job may make (a failed Job ends the wait sooner, with its reason)
     attempts = k8s.JOB_ATTEMPTS
-    assert wait_s == (attempts * b.download_s if init["args"][0] == "build" else k8s.job_deadline_s(cfg))
+    assert wait_s == (attempts * b.download_s if init["args"][0] == "build" else k8s.job_deadline_s(b))
     for job in docs(files, "Job"):
         assert job["spec"]["activeDeadlineSeconds"] == attempts * (b.download_s + b.build_s)
         assert job["spec"]["backoffLimit"] == attempts - 1

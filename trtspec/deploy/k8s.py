@@ -103,11 +103,13 @@ def _container(
     resources: dict[str, Any],
     *,
     shm: bool,
+    budgets: sizing.Budgets,
     serving: bool = False,
     wait_s: int | None = None,
 ) -> dict[str, Any]:
     """`shm`: the caller, which knows the container's role, says whether it uses /dev/shm (ranks, NCCL,
-    the python backend: servers, workers and a build on the GPUs; not the Job or a pod that only waits)."""
+    the python backend: servers, workers and a build on the GPUs; not the Job or a pod that only waits).
+    `budgets`: sizing.budgets(cfg), computed once per render (k8s.render) and passed down."""
     env = [
         {"name": "TRTSPEC_CONFIG", "value": str(CONFIG_PATH)},
         {"name": "HOME", "value": "/tmp"},
@@ -147,7 +149,7 @@ def _container(
             {"name": "metrics", "containerPort": s.metrics_port},
         ]
         # The build ran in an init container (no probes there): the startup probe covers loading only.
-        load_s = sizing.budgets(cfg).load_s
+        load_s = budgets.load_s
         container["startupProbe"] = _probe("/v2/health/ready", STARTUP_PERIOD_S, -(-load_s // STARTUP_PERIOD_S))
         container["readinessProbe"] = _probe("/v2/health/ready", 5, 3)
         container["livenessProbe"] = _probe("/v2/health/live", 10, 6)
@@ -155,19 +157,20 @@ def _container(
     return container
 
 
-def _init_container(cfg: DeploymentConfig, topo: Topology) -> dict[str, Any]:
+def _init_container(cfg: DeploymentConfig, topo: Topology, budgets: sizing.Budgets) -> dict[str, Any]:
     """Before a server (a group's leader) starts: build on its own GPUs, or wait for the Job's build."""
-    budgets = sizing.budgets(cfg)
     fetch_args = [f.arg for f in stages.fetches(cfg)]
     if stages.build_needs_gpu(cfg):
         resources = _resources(cfg, topo, "build")
         # as long as the Job may take to download, retries included (a failed Job ends the wait sooner)
         wait_s = JOB_ATTEMPTS * budgets.download_s
-        return _container(cfg, topo, "build", ["build", *fetch_args], resources, shm=True, wait_s=wait_s)
+        args = ["build", *fetch_args]
+        return _container(cfg, topo, "build", args, resources, shm=True, budgets=budgets, wait_s=wait_s)
     # a polling loop, but it loads trtspec's config and repository code (torch among its imports)
     small = {"cpu": "250m", "memory": "1Gi"}
     resources = {"requests": dict(small), "limits": dict(small)}
-    return _container(cfg, topo, "wait", ["wait", *fetch_args], resources, shm=False, wait_s=job_deadline_s(cfg))
+    wait_s = job_deadline_s(budgets)
+    return _container(cfg, topo, "wait", ["wait", *fetch_args], resources, shm=False, budgets=budgets, wait_s=wait_s)
 
 
 def pull_policy(cfg: DeploymentConfig) -> str:
@@ -248,11 +251,14 @@ def _pod(
     return spec
 
 
-def _server_pod(cfg: DeploymentConfig, topo: Topology, args: list[str], account: str | None) -> dict[str, Any]:
+def _server_pod(
+    cfg: DeploymentConfig, topo: Topology, args: list[str], account: str | None, budgets: sizing.Budgets
+) -> dict[str, Any]:
     # the leader waits for its group's pods within the load budget, so its own message comes before the probe's
-    wait_s = sizing.budgets(cfg).load_s if args == ["leader"] else None
-    main = _container(cfg, topo, "triton", args, _resources(cfg, topo), shm=True, serving=True, wait_s=wait_s)
-    return _pod(cfg, topo, [main], account, init=[_init_container(cfg, topo)])
+    wait_s = budgets.load_s if args == ["leader"] else None
+    resources = _resources(cfg, topo)
+    main = _container(cfg, topo, "triton", args, resources, shm=True, budgets=budgets, serving=True, wait_s=wait_s)
+    return _pod(cfg, topo, [main], account, init=[_init_container(cfg, topo, budgets)])
 
 
 def namespace(cfg: DeploymentConfig) -> Manifest:
@@ -285,7 +291,7 @@ def volume_claim(cfg: DeploymentConfig, topo: Topology) -> Manifest:
     }
 
 
-def prepare_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+def prepare_job(cfg: DeploymentConfig, topo: Topology, budgets: sizing.Budgets) -> Manifest:
     """Downloads, and the build where it needs no GPU (stages.py): a Job that never asks for a GPU, so the
     servers holding theirs while they wait for it can never keep it from running."""
     args = ["prepare", *(f.arg for f in stages.fetches(cfg))]
@@ -293,7 +299,7 @@ def prepare_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
         resources = _resources(cfg, topo, "build", gpus=False)
     else:  # downloads only: a few streams to disk
         resources = {"requests": dict(FETCH_RESOURCES), "limits": dict(FETCH_RESOURCES)}
-    container = _container(cfg, topo, "prepare", args, resources, shm=False)
+    container = _container(cfg, topo, "prepare", args, resources, shm=False, budgets=budgets)
     if topo.multi_node:  # the warm-up load would need the whole group; the leader's start proves it instead
         container["env"].append({"name": SKIP_WARM_UP_ENV, "value": "1"})
     pod = _pod(cfg, topo, [container], None, gpus=False)
@@ -308,7 +314,7 @@ def prepare_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
         "spec": {
             "backoffLimit": JOB_ATTEMPTS - 1,
             # the downloads may take hours: a deadline from the budgets, not the default of none
-            "activeDeadlineSeconds": job_deadline_s(cfg),
+            "activeDeadlineSeconds": job_deadline_s(budgets),
             "template": {"metadata": {"labels": _labels(cfg, "prepare"), "annotations": notes}, "spec": pod},
         },
     }
@@ -317,10 +323,9 @@ def prepare_job(cfg: DeploymentConfig, topo: Topology) -> Manifest:
 JOB_ATTEMPTS = 3  # the prepare Job's pod runs at most this often (backoffLimit + 1)
 
 
-def job_deadline_s(cfg: DeploymentConfig) -> int:
+def job_deadline_s(budgets: sizing.Budgets) -> int:
     """Every attempt may take the whole download and build budget; whoever waits for the Job waits this long."""
-    b = sizing.budgets(cfg)
-    return JOB_ATTEMPTS * (b.download_s + b.build_s)
+    return JOB_ATTEMPTS * (budgets.download_s + budgets.build_s)
 
 
 def job_name(cfg: DeploymentConfig) -> str:
@@ -333,7 +338,7 @@ def service_name(cfg: DeploymentConfig) -> str:
     return f"{cfg.name[:59]}-api"
 
 
-def deployment(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+def deployment(cfg: DeploymentConfig, topo: Topology, budgets: sizing.Budgets) -> Manifest:
     labels = _labels(cfg, "server")
     template = {"metadata": {"labels": labels, "annotations": _pod_annotations(cfg)}}
     spec: dict[str, Any] = {
@@ -341,7 +346,7 @@ def deployment(cfg: DeploymentConfig, topo: Topology) -> Manifest:
         "selector": {"matchLabels": labels},
         # GPUs are scarce: replace a pod in place rather than ask for a surge pod's GPUs.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-        "template": {**template, "spec": _server_pod(cfg, topo, ["serve"], None)},
+        "template": {**template, "spec": _server_pod(cfg, topo, ["serve"], None, budgets)},
     }
     return {
         "apiVersion": "apps/v1",
@@ -356,12 +361,12 @@ def _replicas(cfg: DeploymentConfig) -> dict[str, int]:
     return {} if cfg.deploy.autoscaling.enabled else {"replicas": cfg.deploy.replicas}
 
 
-def leader_worker_set(cfg: DeploymentConfig, topo: Topology) -> Manifest:
+def leader_worker_set(cfg: DeploymentConfig, topo: Topology, budgets: sizing.Budgets) -> Manifest:
     account = f"{cfg.name}-launcher"
     leader_labels = {**_labels(cfg, "server"), "trtspec.dev/role": "leader"}
     worker_labels = {**_labels(cfg, "server"), "trtspec.dev/role": "worker"}
     # a worker hosts ranks the leader starts over kubessh: NCCL and MPI use its /dev/shm
-    worker = _container(cfg, topo, "triton", ["worker"], _resources(cfg, topo), shm=True)
+    worker = _container(cfg, topo, "triton", ["worker"], _resources(cfg, topo), shm=True, budgets=budgets)
     return {
         "apiVersion": LWS_API,
         "kind": "LeaderWorkerSet",
@@ -374,7 +379,7 @@ def leader_worker_set(cfg: DeploymentConfig, topo: Topology) -> Manifest:
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": {
                     "metadata": {"labels": leader_labels, "annotations": _pod_annotations(cfg)},
-                    "spec": _server_pod(cfg, topo, ["leader"], account),
+                    "spec": _server_pod(cfg, topo, ["leader"], account, budgets),
                 },
                 "workerTemplate": {  # workers are exec'd into; they need no API access themselves
                     "metadata": {"labels": worker_labels, "annotations": _pod_annotations(cfg)},
@@ -557,25 +562,26 @@ def autoscaler(cfg: DeploymentConfig, topo: Topology, start_s: int = DEFAULT_STA
 def render(cfg: DeploymentConfig) -> dict[str, list[Manifest]]:
     """File name -> the manifests in it, in the order kubectl should apply them."""
     topo = topology(cfg)
+    budgets = sizing.budgets(cfg)  # once per render: every probe, wait and deadline below derives from it
     files: dict[str, list[Manifest]] = {
         "namespace.yaml": [namespace(cfg)],
         "config.yaml": [config_map(cfg)],
         "storage.yaml": [volume_claim(cfg, topo)],
     }
     if stages.needs_job(cfg):
-        files["prepare-job.yaml"] = [prepare_job(cfg, topo)]
+        files["prepare-job.yaml"] = [prepare_job(cfg, topo, budgets)]
     if topo.multi_node:
         files["launcher-rbac.yaml"] = launcher_rbac(cfg)
-        files["leaderworkerset.yaml"] = [leader_worker_set(cfg, topo)]
+        files["leaderworkerset.yaml"] = [leader_worker_set(cfg, topo, budgets)]
     else:
-        files["deployment.yaml"] = [deployment(cfg, topo)]
+        files["deployment.yaml"] = [deployment(cfg, topo, budgets)]
     files["service.yaml"] = [service(cfg, topo)]
     files["networkpolicy.yaml"] = [network_policy(cfg)]
     files["podmonitor.yaml"] = [pod_monitor(cfg, topo)]
     files["prometheusrule.yaml"] = [prometheus_rule(cfg)]
     files["dashboard.yaml"] = [dashboard_config_map(cfg)]
     if cfg.deploy.autoscaling.enabled:
-        files["hpa.yaml"] = [autoscaler(cfg, topo, start_s=sizing.budgets(cfg).load_s)]
+        files["hpa.yaml"] = [autoscaler(cfg, topo, start_s=budgets.load_s)]
     files["kustomization.yaml"] = [
         {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
