@@ -15,9 +15,10 @@ import torch
 from test_lossless import PROMPT, T1, V, chi_square, exact_joint
 from tiny_models import make_checkpoint
 
-from trtspec.speculative.batch import Sequence
-from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter
-from trtspec.speculative.model import load_transformer
+from trtspec.speculative import drafters
+from trtspec.speculative.batch import RowSampling, Sequence
+from trtspec.speculative.drafters import BatchState, DraftModelDrafter, MTPDrafter
+from trtspec.speculative.model import Slots, load_transformer
 from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.policy import AdaptiveK, FixedK, batch_sizes, calibrate
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
@@ -423,3 +424,27 @@ def test_the_engine_is_built_on_its_own_thread_and_a_failed_build_is_raised(pair
 
     with pytest.raises(FileNotFoundError, match="no engine here"):
         EngineLoop(broken)
+
+
+@pytest.mark.parametrize("mode", ["draft-target", "mtp"])
+def test_a_row_far_behind_is_caught_up_alone_and_drafts_what_one_padded_pass_drafts(pair, mode, monkeypatch):
+    """A joined row's catch-up runs apart from the rows beside it (no padding to its length), exactly."""
+    target, draft = pair
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 50, (2, 64), generator=g)
+    hidden = torch.randn(2, 64, target.dims.hidden_size, generator=g)
+    sampling = RowSampling([(SamplingParams(temperature=1.0), None)] * 2, "cpu")
+
+    def drafted_probs(catch_up_at: int) -> torch.Tensor:
+        monkeypatch.setattr(drafters, "CATCH_UP_AT", catch_up_at)
+        drafter = DraftModelDrafter(draft) if mode == "draft-target" else MTPDrafter(target)
+        state = BatchState(tokens.clone(), torch.tensor([30, 0]), sampling, hidden if mode == "mtp" else None)
+        drafter.start(state, 64)
+        drafter.propose(state, 1, Slots.of([0]))  # row 0 runs...
+        state.lengths[0] = 31
+        drafter.commit(state, torch.tensor([30]), 1, Slots.of([0]))
+        state.lengths[1] = 40  # ... when row 1 joins, 39 positions behind
+        return drafter.propose(state, 1, Slots.of([0, 1])).probs
+
+    apart, padded = drafted_probs(drafters.CATCH_UP_AT), drafted_probs(10**9)
+    assert torch.allclose(apart, padded, atol=1e-5)

@@ -61,6 +61,17 @@ def _window(values: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor, ro
     return values[rows[:, None], idx]
 
 
+CATCH_UP_AT = 8  # a row more positions than this behind (just joined, or steps run without drafts) is
+# caught up in a pass of its own, so the rest of the batch is not padded to its length
+
+
+def _behind(counts: torch.Tensor) -> torch.Tensor | None:
+    """Batch rows with more than CATCH_UP_AT positions to catch up, or None."""
+    if int(counts.max()) <= CATCH_UP_AT:
+        return None
+    return (counts > CATCH_UP_AT).nonzero().squeeze(1)
+
+
 def _proposal(drafts: list[torch.Tensor], probs: list[torch.Tensor | None], batch: int) -> Proposal:
     stacked = None if probs[0] is None else torch.stack(probs, 1)  # type: ignore[arg-type]
     return Proposal(torch.stack(drafts, 1), stacked, torch.full((batch,), len(drafts), device=drafts[0].device))
@@ -109,6 +120,13 @@ class DraftModelDrafter(Drafter):
     def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
         idx = slots.index
         valid, lengths = self.valid[idx], state.lengths[idx]
+        if (behind := _behind(lengths - valid)) is not None:  # cache all but their last position, alone
+            rows, start = idx[behind], valid[behind]
+            todo = lengths[behind] - 1 - start
+            window = _window(state.tokens, start, todo, rows)
+            self.model(window, _positions(start, todo), self.cache, last_only=True, slots=Slots.of(rows.tolist()))
+            self.valid[rows] = lengths[behind] - 1
+            valid = self.valid[idx]
         counts = lengths - valid
         tokens = _window(state.tokens, valid, counts, idx)
         out = self.model(tokens, _positions(valid, counts), self.cache, slots=slots)
@@ -173,12 +191,13 @@ class MTPDrafter(Drafter):
         for depth in range(min(self.depths, k)):
             source = state.target_hidden if depth == 0 else self.hidden[depth - 1]
             starts = self.valid[depth, idx]
+            if (behind := _behind(n - 1 - starts)) is not None:  # all but position n-2, alone
+                lag = idx[behind]
+                self._run(depth, source, seq[behind], lag, starts[behind], n[behind] - 2, Slots.of(lag.tolist()), True)
+                starts = starts.clone()
+                starts[behind] = n[behind] - 2
             counts = n - 1 - starts  # positions starts..n-2; the chain drafts at n-2
-            hid = _window(source, starts, counts, idx)
-            toks = _window(seq, starts + depth + 1, counts)
-            pos = _positions(starts, counts)
-            out = self.model.mtp_forward(depth, hid, toks, pos, self.cache, slots)
-            self.hidden[depth][idx[:, None], pos] = out.hidden
+            out = self._run(depth, source, seq, idx, starts, n - 1, slots)
             last = counts - 1
             last_hidden = out.hidden[rows, last]
             d, q = self.draw(out.logits[rows, last], state)
@@ -194,6 +213,16 @@ class MTPDrafter(Drafter):
             drafts.append(d)
             probs.append(q)
         return _proposal(drafts, probs, len(idx))
+
+    def _run(self, depth, source, seq, idx, starts, ends, slots: Slots, last_only: bool = False):
+        """Layer `depth` over positions starts..ends-1 of rows `idx` (`seq` holds their tokens)."""
+        counts = ends - starts
+        pos = _positions(starts, counts)
+        hid = _window(source, starts, counts, idx)
+        toks = _window(seq, starts + depth + 1, counts)
+        out = self.model.mtp_forward(depth, hid, toks, pos, self.cache, slots, last_only)
+        self.hidden[depth][idx[:, None], pos] = out.hidden
+        return out
 
     def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int, slots: Slots) -> None:
         # depth l is exact where its token index stays within the sequence committed when it ran

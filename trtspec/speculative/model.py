@@ -267,6 +267,7 @@ class Transformer(nn.Module):
         positions: torch.Tensor,
         cache: KVCache,
         slots: Slots | None = None,
+        last_only: bool = False,
     ) -> ForwardOut:
         """MTP layer `depth` (0-based) on the previous depth's hidden states and the next tokens."""
         mtp = self.mtp[depth]
@@ -274,7 +275,8 @@ class Transformer(nn.Module):
         cos, sin, mask, kv_len = self._attention_inputs(positions, cache)
         x = mtp.eh_proj(torch.cat([mtp.enorm(self.embed_tokens(tokens)), mtp.hnorm(hidden)], dim=-1))
         h = mtp.block(x, cos, sin, cache, depth, positions, mask, kv_len, index)
-        return ForwardOut(self.lm_head(mtp.head_norm(h)).float(), h)
+        head_in = h[:, -1:] if last_only else h
+        return ForwardOut(self.lm_head(mtp.head_norm(head_in)).float(), h)
 
 
 def _rope_tables(hf_config: dict, dims: ModelDims, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,7 +67,6 @@ class AdaptiveK(KPolicy):
     reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     steps_with_drafts: int = 0
-    decisions: int = 0
     forced: int | None = None  # calibration runs a given K
     last_seconds: float = 0.0
     previous_k: int = -1
@@ -123,7 +122,6 @@ class AdaptiveK(KPolicy):
         scored = {k: self.throughput(batch, k, rates) for k in range(k_max + 1)}
         if any(v is None for v in scored.values()):
             return k_max
-        self.decisions += 1
         best_up = max(range(1, k_max + 1), key=lambda k: scored[k])
         # staying at K > 0 needs only to beat K = 0; leaving K = 0 needs a margin over it
         margin = 1.0 + (UP_MARGIN if self.previous_k == 0 else 0.0)
