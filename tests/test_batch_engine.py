@@ -337,6 +337,18 @@ def test_adaptive_leaves_plain_decoding_only_for_a_clear_gain():
     assert policy.k(4, 1) == 1
 
 
+def test_adaptive_adds_drafting_cost_to_plain_decodings_time_under_load():
+    """Served, every step also streams each row's tokens: K = 0's time at the running batch is measured
+    under that load, K > 0's mostly at calibration on rows with nothing to stream. Compared as they
+    stand, drafting looked cheap at every batch size not explored lately; what drafting adds is what counts."""
+    policy = AdaptiveK(prior=[0.15])  # K=1 yields 1.15 tokens per step
+    policy.costs = {8: {0: 1.0, 1: 1.4}, 16: {0: 2.0, 1: 2.8}}  # calibrated: drafting adds 0.4-0.8 s
+    for _ in range(3):
+        policy.observe(12, 0, 3.0, [], [])  # under load: 1.5 s of every step is streaming
+    assert policy.step_seconds(12, 1) == pytest.approx(3.0 + 0.6)
+    assert policy.k(12, 1) == 0  # 1.15 tokens per 3.6 s loses to 1 per 3.0 s (2.1 s as calibrated would win)
+
+
 def test_adaptive_refreshes_plain_decodings_cost_while_drafting_wins():
     """A K = 0 cost measured too high at calibration would keep drafting on for ever at that batch (only
     a K that runs is re-timed): K = 0 is tried every EXPLORE_EVERY steps, and its true cost turns drafting off."""

@@ -4,8 +4,9 @@ At batch 1 a decoding step is memory-bound, so verifying K drafts costs little m
 token; as the batch grows the step turns compute-bound, the K extra positions per row cost real
 time, and past some batch speculation loses. `AdaptiveK` picks, for the running batch, the K that
 maximises expected tokens per second: E[tokens per step](K) from the acceptance it has measured
-per position (cost_model.expected_tokens_per_step_positional) over the step time it has measured
-at that batch and K (calibrated when the engine starts, then kept current from every step). K = 0
+per position (cost_model.expected_tokens_per_step_positional) over the step time it predicts at
+that batch and K: K = 0's, kept current by the steps that run, plus what drafting K adds (calibrated
+when the engine starts, re-timed by the steps that draft). K = 0
 is plain decoding, so where verification stops riding free it turns speculation off. Leaving K = 0
 is not free (a drafter that skipped steps catches up on them, for MTP a pass over every row's
 skipped tokens), so it takes a clear predicted gain. Only a K that runs has its cost refreshed, so
@@ -93,19 +94,20 @@ class AdaptiveK(KPolicy):
         return [*known[:k_max], *[fill] * (k_max - len(known))]
 
     def step_seconds(self, batch: int, k: int) -> float | None:
-        """Measured time of a step at (batch, K), linearly interpolated between measured batch sizes."""
-        sizes = sorted(b for b, row in self.costs.items() if k in row)
-        if not sizes:
-            return None
-        below = [b for b in sizes if b <= batch]
-        above = [b for b in sizes if b >= batch]
-        lo = below[-1] if below else sizes[0]
-        hi = above[0] if above else sizes[-1]
-        if lo == hi:
-            t = self.costs[lo][k]
-            return t * batch / lo if batch > lo else t  # past the largest measured batch: at best linear
-        w = (batch - lo) / (hi - lo)
-        return (1 - w) * self.costs[lo][k] + w * self.costs[hi][k]
+        """Predicted time of a step at (batch, K): K = 0's measured time plus what drafting K adds.
+
+        Drafting's extra is taken where both were measured at one batch size and interpolated between
+        them: what every step pays whatever K (streaming each row's tokens, the server's threads) is in
+        K = 0's time, kept current by the steps that run, so a K > 0 timed at calibration, on dummy rows
+        with nothing to stream, is not compared with a K = 0 timed under load.
+        """
+        plain = _interpolate(self.costs, batch, lambda row: row.get(0))
+        if k == 0 or plain is None:
+            return plain
+        extra = _interpolate(self.costs, batch, lambda row: row[k] - row[0] if k in row and 0 in row else None)
+        if extra is None:
+            return _interpolate(self.costs, batch, lambda row: row.get(k))
+        return plain + max(extra, 0.0)
 
     def throughput(self, batch: int, k: int, rates: list[float]) -> float | None:
         seconds = self.step_seconds(batch, k)
@@ -156,7 +158,7 @@ class AdaptiveK(KPolicy):
         # not that K's cost; leaving K = 0 is what a switch costs
         row = self.costs.setdefault(batch, {})
         if left_plain and k in row and self.forced is None:
-            extra = max(seconds - row[k], 0.0)
+            extra = max(seconds - (self.step_seconds(batch, k) or row[k]), 0.0)
             self.switch_seconds = (
                 (1 - SWITCH_EMA) * self.switch_seconds + SWITCH_EMA * extra if self.switch_seconds else extra
             )
@@ -183,6 +185,21 @@ class AdaptiveK(KPolicy):
             best = max(scored, key=lambda k: scored[k])
             out[b] = {"k": best, "speedup": scored[best] / scored[0] if scored[0] else 0.0}
         return out
+
+
+def _interpolate(costs: dict[int, dict[int, float]], batch: int, value) -> float | None:
+    """value(row) at `batch`, linear between the nearest batch sizes where it is known; past the largest,
+    growing linearly with the batch (at best: the step is compute-bound there)."""
+    known = {b: v for b, row in costs.items() if (v := value(row)) is not None}
+    if not known:
+        return None
+    sizes = sorted(known)
+    lo = max((b for b in sizes if b <= batch), default=sizes[0])
+    hi = min((b for b in sizes if b >= batch), default=sizes[-1])
+    if lo == hi:
+        return known[lo] * batch / lo if batch > lo else known[lo]
+    w = (batch - lo) / (hi - lo)
+    return (1 - w) * known[lo] + w * known[hi]
 
 
 def _trimmed_mean(values: deque[float]) -> float:
