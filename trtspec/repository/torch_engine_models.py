@@ -238,6 +238,7 @@ class TensorRTLLMModel(BatchedPythonModel):
         import torch
         import triton_python_backend_utils as pb_utils
 
+        from trtspec.repository.engine_loop import Stream
         from trtspec.speculative.batch import Sequence
         from trtspec.speculative.runner import GenerationParams
 
@@ -297,8 +298,10 @@ class TensorRTLLMModel(BatchedPythonModel):
                     break
             kept.extend(chunk)
             if streaming and chunk:
-                self.loop.defer(lambda chunk=list(chunk): sender.send(pb_utils.InferenceResponse(self._tokens(chunk))))
+                stream.push(chunk)
             return ended
+
+        stream = Stream(self.loop, lambda new: sender.send(pb_utils.InferenceResponse(self._tokens(new))))
 
         def done(seq: Sequence, error: str | None) -> None:
             final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

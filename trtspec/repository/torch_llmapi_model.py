@@ -120,6 +120,7 @@ class TorchLLMAPIModel(BatchedPythonModel):
     def submit(self, request, sender) -> None:
         import triton_python_backend_utils as pb_utils
 
+        from trtspec.repository.engine_loop import Stream
         from trtspec.speculative.batch import Sequence
 
         arrival = time.time_ns()
@@ -149,19 +150,27 @@ class TorchLLMAPIModel(BatchedPythonModel):
         sent = [0, 0]  # characters of text already streamed, time of first token
         stopped: list[str | None] = [None]
 
+        def emit(new: list[int]) -> None:  # on the responder thread, off the engine's steps
+            shown.extend(new)
+            text, word = cut_at_stop(self.tokenizer.decode(shown, skip_special_tokens=True), stops)
+            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence waits for more
+                return
+            safe = len(text) if word else max(sent[0], len(text) - hold)
+            if safe > sent[0]:
+                chunk, sent[0] = text[sent[0] : safe], safe
+                sender.send(pb_utils.InferenceResponse([string_tensor("text_output", chunk)]))
+
+        shown: list[int] = []
+        stream = Stream(self.loop, emit)
+
         def on_tokens(new: list[int]) -> bool:
             if not sent[1]:
                 sent[1] = time.time_ns()
             tokens.extend(new)
-            text, stopped[0] = cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), stops)
-            if streaming and not text.endswith("\ufffd"):  # an incomplete UTF-8 sequence waits for more
-                safe = len(text) if stopped[0] else max(sent[0], len(text) - hold)
-                if safe > sent[0]:
-                    chunk = text[sent[0] : safe]
-                    self.loop.defer(
-                        lambda: sender.send(pb_utils.InferenceResponse([string_tensor("text_output", chunk)]))
-                    )
-                    sent[0] = safe
+            if stops:  # only a stop string needs the text on the engine thread: it ends the row now
+                stopped[0] = cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), stops)[1]
+            if streaming:
+                stream.push(new)
             return stopped[0] is not None
 
         def done(seq: Sequence, error: str | None) -> None:
