@@ -460,3 +460,24 @@ def test_a_row_far_behind_is_caught_up_alone_and_drafts_what_one_padded_pass_dra
 
     apart, padded = drafted_probs(drafters.CATCH_UP_AT), drafted_probs(10**9)
     assert torch.allclose(apart, padded, atol=1e-5)
+
+
+def test_a_stream_sends_what_piled_up_behind_a_busy_responder_as_one_chunk_and_loses_nothing():
+    from trtspec.repository.engine_loop import Stream
+
+    class Loop:  # the responder's queue, run by hand
+        def __init__(self) -> None:
+            self.actions: list = []
+
+        def defer(self, action) -> None:
+            self.actions.append(action)
+
+    loop, sent = Loop(), []
+    stream = Stream(loop, sent.append)
+    stream.push([1])
+    stream.push([2, 3])  # while the first send is still queued: joins it
+    assert len(loop.actions) == 1
+    loop.actions.pop(0)()
+    stream.push([4])  # after the flush: a send of its own
+    loop.actions.pop(0)()
+    assert sent == [[1, 2, 3], [4]] and not loop.actions
