@@ -5,8 +5,8 @@ token; as the batch grows the step turns compute-bound, the K extra positions pe
 time, and past some batch speculation loses. `AdaptiveK` picks, for the running batch, the K that
 maximises expected tokens per second: E[tokens per step](K) from the acceptance it has measured
 per position (cost_model.expected_tokens_per_step_positional) over the step time it predicts at
-that batch and K: K = 0's, kept current by the steps that run, plus what drafting K adds (calibrated
-when the engine starts, re-timed by the steps that draft). K = 0
+that batch and K: K = 0's, kept current by the steps that run, times what drafting K costs relative
+to it (calibrated when the engine starts, re-timed by the steps that draft). K = 0
 is plain decoding, so where verification stops riding free it turns speculation off. Leaving K = 0
 is not free (a drafter that skipped steps catches up on them, for MTP a pass over every row's
 skipped tokens), so it takes a clear predicted gain. Only a K that runs has its cost refreshed, so
@@ -94,20 +94,23 @@ class AdaptiveK(KPolicy):
         return [*known[:k_max], *[fill] * (k_max - len(known))]
 
     def step_seconds(self, batch: int, k: int) -> float | None:
-        """Predicted time of a step at (batch, K): K = 0's measured time plus what drafting K adds.
+        """Predicted time of a step at (batch, K): K = 0's measured time times what drafting K costs
+        relative to it.
 
-        Drafting's extra is taken where both were measured at one batch size and interpolated between
-        them: what every step pays whatever K (streaming each row's tokens, the server's threads) is in
-        K = 0's time, kept current by the steps that run, so a K > 0 timed at calibration, on dummy rows
-        with nothing to stream, is not compared with a K = 0 timed under load.
+        The ratio is taken where both were measured at one batch size and interpolated between them.
+        K = 0's time at the running batch is current (the steps that run keep it so); K > 0's is often
+        calibration's, timed on an idle engine. Under load every step slows (the server's threads and
+        the client share the cores), so a calibrated K > 0 compared with a K = 0 timed under load looked
+        cheap wherever drafting had not run lately; the ratio of the two holds under that slowdown.
         """
         plain = _interpolate(self.costs, batch, lambda row: row.get(0))
         if k == 0 or plain is None:
             return plain
-        extra = _interpolate(self.costs, batch, lambda row: row[k] - row[0] if k in row and 0 in row else None)
-        if extra is None:
+        relative = lambda row: row[k] / row[0] if k in row and row.get(0) else None  # noqa: E731
+        ratio = _interpolate(self.costs, batch, relative, grows=False)
+        if ratio is None:
             return _interpolate(self.costs, batch, lambda row: row.get(k))
-        return plain + max(extra, 0.0)
+        return plain * ratio
 
     def throughput(self, batch: int, k: int, rates: list[float]) -> float | None:
         seconds = self.step_seconds(batch, k)
@@ -187,9 +190,9 @@ class AdaptiveK(KPolicy):
         return out
 
 
-def _interpolate(costs: dict[int, dict[int, float]], batch: int, value) -> float | None:
+def _interpolate(costs: dict[int, dict[int, float]], batch: int, value, grows: bool = True) -> float | None:
     """value(row) at `batch`, linear between the nearest batch sizes where it is known; past the largest,
-    growing linearly with the batch (at best: the step is compute-bound there)."""
+    growing linearly with the batch where `grows` (a step time: at best compute-bound there)."""
     known = {b: v for b, row in costs.items() if (v := value(row)) is not None}
     if not known:
         return None
@@ -197,7 +200,7 @@ def _interpolate(costs: dict[int, dict[int, float]], batch: int, value) -> float
     lo = max((b for b in sizes if b <= batch), default=sizes[0])
     hi = min((b for b in sizes if b >= batch), default=sizes[-1])
     if lo == hi:
-        return known[lo] * batch / lo if batch > lo else known[lo]
+        return known[lo] * batch / lo if grows and batch > lo else known[lo]
     w = (batch - lo) / (hi - lo)
     return (1 - w) * known[lo] + w * known[hi]
 
