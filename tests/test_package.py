@@ -6,6 +6,8 @@ failed write leaves the previous repository whole."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,3 +222,14 @@ def test_pytorch_quantization_of_an_unquantized_checkpoint_is_refused(tmp_path, 
     (target / "hf_quant_config.json").write_text("{}")  # a ModelOpt checkpoint carries its own
     builder.refuse_unapplied_quantization(cfg)
     assert package.package_repository(cfg).is_dir()
+
+
+def test_the_bls_model_relays_requests_without_loading_torch():
+    """Each BLS instance is its own process: importing torch on its first request cost that request
+    seconds (four instances, four slow requests) and every instance hundreds of MB it never uses."""
+    code = (
+        "import sys; from trtspec.repository import torch_engine_models, contract, pb, spec_metrics; "
+        "from trtspec.speculative.requests import Step; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

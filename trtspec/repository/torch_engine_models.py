@@ -524,7 +524,7 @@ class BLSModel(PythonModel):
     def answer(self, request, sender):
         import triton_python_backend_utils as pb_utils
 
-        from trtspec.speculative.runner import Step
+        from trtspec.speculative.requests import Step
 
         arrival = time.time_ns()
         prompt = utf8(request, "text_input")

@@ -1,10 +1,22 @@
-"""What a generation request asks for and what it gets back: shared by the runner, the engine and the servers."""
+"""What a generation request asks for and what it gets back: shared by the runner, the engine and the servers.
+
+No torch here: the BLS model, which only relays requests, imports these without loading torch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trtspec.speculative.sampling import SamplingParams
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
 
 
 @dataclass(frozen=True)

@@ -7,20 +7,11 @@ greedy and becomes a one-hot distribution, so greedy verification is the same re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from trtspec.speculative.requests import SamplingParams
 
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0  # 0: no top-k
-    top_p: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["SamplingParams", "probs_from_logits", "sample"]
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
