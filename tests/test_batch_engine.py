@@ -20,7 +20,7 @@ from trtspec.speculative.batch import RowSampling, Sequence
 from trtspec.speculative.drafters import BatchState, DraftModelDrafter, MTPDrafter
 from trtspec.speculative.model import Slots, load_transformer
 from trtspec.speculative.planted import PLANTED
-from trtspec.speculative.policy import AdaptiveK, FixedK, batch_sizes, calibrate
+from trtspec.speculative.policy import COST_WINDOW, AdaptiveK, FixedK, batch_sizes, calibrate
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 from trtspec.speculative.sampling import SamplingParams
 
@@ -348,6 +348,19 @@ def test_adaptive_scales_drafting_cost_to_plain_decodings_time_under_load():
     assert policy.step_seconds(12, 1) == pytest.approx(3.0 * 1.4)
     assert policy.k(12, 1) == 0  # 1.3 tokens per 4.2 s loses to 1 per 3.0 s (per 2.1 s as calibrated, it won)
     assert policy.step_seconds(32, 1) == pytest.approx(2.0 * 32 / 16 * 1.4)  # past the largest batch measured
+
+
+def test_adaptive_times_a_wandering_batch_under_the_nearest_calibrated_size():
+    """Served at concurrency 16 the running batch wanders (13, 15, 14, ...): a step re-times the nearest
+    calibrated size, so drafting found costly at 13 is costly at 14 too, not calibration's idle figure."""
+    policy = AdaptiveK(prior=[0.5], grid=[1, 2, 4, 8, 16])  # K=1 yields 1.5 tokens per step
+    policy.costs = {8: {0: 1.0, 1: 1.2}, 16: {0: 2.0, 1: 2.4}}  # calibrated: K=1 pays everywhere
+    assert policy.k(14, 1) == 1
+    for _ in range(COST_WINDOW):
+        policy.observe(13, 1, 4.0, [13], [6])  # drafting at 13 takes twice K=0's time
+    assert set(policy.costs) == {8, 16} and policy.costs[16][1] == pytest.approx(4.0)
+    assert policy.k(14, 1) == 0 and policy.k(15, 1) == 0
+    assert policy.k(5, 1) == 1  # nearer 4 and 8, which nothing re-timed
 
 
 def test_adaptive_refreshes_plain_decodings_cost_while_drafting_wins():

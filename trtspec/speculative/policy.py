@@ -75,6 +75,10 @@ class AdaptiveK(KPolicy):
     since_explore: int = 0  # decisions since the last exploration
     explored: int = 0  # the K an exploration runs
     switch_seconds: float = 0.0  # measured extra time of the first step after leaving K = 0 (a catch-up)
+    # calibration's batch sizes: a step is timed under the nearest (in log scale). Served, the running
+    # batch wanders (12, 15, 13, ... at concurrency 16); per exact size, an exploration re-timed only the
+    # size it ran at, and every other size kept calibration's idle figure for K > 0
+    grid: list[int] = field(default_factory=list)
 
     def prepare(self, engine: BatchEngine) -> None:
         """Step costs at the batch sizes the engine can run, measured before the first request."""
@@ -93,6 +97,12 @@ class AdaptiveK(KPolicy):
         fill = known[-1] if known else PRIOR_RATE
         return [*known[:k_max], *[fill] * (k_max - len(known))]
 
+    def bucket(self, batch: int) -> int:
+        """The batch size a step at `batch` is timed under: the nearest of `grid`, or itself without one."""
+        if not self.grid:
+            return batch
+        return min(self.grid, key=lambda size: (abs(math.log2(size / batch)), size))
+
     def step_seconds(self, batch: int, k: int) -> float | None:
         """Predicted time of a step at (batch, K): K = 0's measured time times what drafting K costs
         relative to it.
@@ -103,6 +113,7 @@ class AdaptiveK(KPolicy):
         the client share the cores), so a calibrated K > 0 compared with a K = 0 timed under load looked
         cheap wherever drafting had not run lately; the ratio of the two holds under that slowdown.
         """
+        batch = self.bucket(batch)
         plain = _interpolate(self.costs, batch, lambda row: row.get(0))
         if k == 0 or plain is None:
             return plain
@@ -155,6 +166,7 @@ class AdaptiveK(KPolicy):
 
     def observe(self, batch: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         self.last_seconds = seconds
+        batch = self.bucket(batch)
         changed, left_plain = k != self.previous_k, self.previous_k == 0 and k > 0
         self.previous_k = k
         # the first step after a change of K also pays for it (a drafter catching up on what it skipped):
@@ -223,6 +235,7 @@ def calibrate(engine: BatchEngine, policy: AdaptiveK, batches: list[int], prompt
     vocab = engine.target.dims.vocab_size
     k_max = engine.num_draft_tokens
     previous, engine.policy = engine.policy, policy
+    policy.grid = list(batches)
     try:
         for batch in batches:
             seqs = [
