@@ -91,8 +91,9 @@ def first_refused(request, declared: list[str], honoured: frozenset[str], neutra
     value, so nothing a client sends is accepted and then ignored."""
     import triton_python_backend_utils as pb_utils
 
+    present = {tensor.name() for tensor in request.inputs()}  # one pass, not a lookup per declared name
     for name in declared:
-        if name in honoured or not given(request, name):
+        if name in honoured or name not in present or not given(request, name):
             continue
         values = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1).tolist()
         if name in neutral and all(v == neutral[name] for v in values):

@@ -328,9 +328,12 @@ class TensorRTLLMModel(BatchedPythonModel):
                 outputs.append(array("num_input_tokens", [[len(prompt)]], np.int32))
             if want_outputs:
                 outputs.append(array("num_output_tokens", [[len(kept)]], np.int32))
+            if wanted:  # Triton drops the others, but only after each was copied into shared memory
+                outputs = [tensor for tensor in outputs if tensor.name() in wanted]
             sender.send(pb_utils.InferenceResponse(outputs), flags=final)
 
         request_id = request.request_id()
+        wanted = set(request.requested_output_names())  # the BLS's calls ask for two or three outputs
         params = GenerationParams(
             max_tokens=min(max_new, len(drafts) + 1) if drafts else max_new,
             sampling=sampling,
