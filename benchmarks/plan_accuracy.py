@@ -26,8 +26,8 @@ from trtspec.fsutil import atomic_write_text
 from trtspec.plan import run_plan
 from trtspec.prompts import load_prompts
 from trtspec.speculative.factory import load_runner
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams
-from trtspec.speculative.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ["tiny-draft-target.yaml", "tiny-mtp.yaml"]

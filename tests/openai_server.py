@@ -41,8 +41,8 @@ class Backend:
             self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
 
     def generate(self, prompt: str, body: dict, emit) -> int:
+        from trtspec.speculative.requests import SamplingParams
         from trtspec.speculative.runner import GenerationParams
-        from trtspec.speculative.sampling import SamplingParams
 
         ids = self.tokenizer(prompt).input_ids
         eos = self.tokenizer.eos_token_id

@@ -21,8 +21,8 @@ from trtspec.speculative.drafters import BatchState, DraftModelDrafter, MTPDraft
 from trtspec.speculative.model import Slots, load_transformer
 from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.policy import COST_WINDOW, AdaptiveK, FixedK, batch_sizes, calibrate
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
-from trtspec.speculative.sampling import SamplingParams
 
 PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13], [3, 4, 5, 6, 8, 9], [20] * 12, [7]]
 GREEDY = GenerationParams(max_tokens=20)

@@ -21,8 +21,9 @@ from tiny_models import make_checkpoint
 from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
 from trtspec.speculative.model import load_transformer
 from trtspec.speculative.planted import PLANTED
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
-from trtspec.speculative.sampling import SamplingParams, probs_from_logits
+from trtspec.speculative.sampling import probs_from_logits
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from trtspec.bench.lossless import (
 )
 from trtspec.speculative.drafters import DraftModelDrafter
 from trtspec.speculative.planted import PLANTED
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
-from trtspec.speculative.sampling import SamplingParams
 
 N = 3000
 

@@ -8,8 +8,8 @@ from tiny_models import make_checkpoint
 
 from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
 from trtspec.speculative.model import load_transformer
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
-from trtspec.speculative.sampling import SamplingParams
 
 PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13]]
 GREEDY = GenerationParams(max_tokens=24)

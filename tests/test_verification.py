@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.speculative.sampling import SamplingParams, probs_from_logits
+from trtspec.speculative.requests import SamplingParams
+from trtspec.speculative.sampling import probs_from_logits
 from trtspec.speculative.verification import verify
 
 V = 5

@@ -9,8 +9,8 @@ from typing import Any
 from trtspec.config import DeploymentConfig
 from trtspec.errors import UsageError
 from trtspec.speculative.factory import runner_for
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams
-from trtspec.speculative.sampling import SamplingParams
 
 
 @dataclass

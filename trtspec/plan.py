@@ -27,8 +27,8 @@ from trtspec.prompts import Prompt
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.policy import batch_sizes
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
-from trtspec.speculative.sampling import SamplingParams
 
 # Dense BF16 tensor throughput and HBM bandwidth, from NVIDIA's data sheets.
 GPUS = {

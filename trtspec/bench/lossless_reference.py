@@ -19,8 +19,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from trtspec.bench.lossless import conditional_homogeneity, planted_outcome
 from trtspec.speculative.factory import runner_for
 from trtspec.speculative.planted import PLANTED
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
-from trtspec.speculative.sampling import SamplingParams
 
 RANKING_SAMPLES = 64
 SHORTLIST = 4  # contexts the heuristic ranks highest, then tried against the planted bugs themselves

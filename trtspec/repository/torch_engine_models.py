@@ -195,7 +195,7 @@ class TensorRTLLMModel(BatchedPythonModel):
         self.loop.on_step = self.metrics.batch
 
     def _sampling(self, request):
-        from trtspec.speculative.sampling import SamplingParams
+        from trtspec.speculative.requests import SamplingParams
 
         d, vocab = self.defaults, self.engine.target.dims.vocab_size
         temperature = self._number(request, "temperature", float(d.get("temperature", 0.0)), 0, MAX_TEMPERATURE)

@@ -98,8 +98,8 @@ class TorchLLMAPIModel(BatchedPythonModel):
         self.loop.on_step = self.metrics.batch
 
     def _params(self, request):
+        from trtspec.speculative.requests import SamplingParams
         from trtspec.speculative.runner import GenerationParams
-        from trtspec.speculative.sampling import SamplingParams
 
         d = self.defaults
         max_tokens = number(

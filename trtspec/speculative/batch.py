@@ -22,8 +22,8 @@ import torch
 
 from trtspec.speculative.drafters import BatchState, Drafter, _positions, _window
 from trtspec.speculative.model import Slots, Transformer
-from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step
-from trtspec.speculative.sampling import SamplingParams, probs_from_logits, sample
+from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, SamplingParams, Step
+from trtspec.speculative.sampling import probs_from_logits, sample
 from trtspec.speculative.verification import Verified, verify, verify_greedy
 
 # on_tokens(tokens) streams each accepted chunk of one sequence; returning True stops it (a stop string)

@@ -11,7 +11,7 @@ import torch
 
 from trtspec.speculative.requests import SamplingParams
 
-__all__ = ["SamplingParams", "probs_from_logits", "sample"]
+__all__ = ["probs_from_logits", "sample"]
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -158,8 +158,8 @@ class LLM:
         put(None)
 
     def _generate(self, request_id: int, prompt: str, sp: SamplingParams, streaming: bool):
+        from trtspec.speculative.requests import SamplingParams as RunnerSampling
         from trtspec.speculative.runner import GenerationParams
-        from trtspec.speculative.sampling import SamplingParams as RunnerSampling
 
         d = self.defaults
         ids = self.tokenizer(prompt).input_ids
