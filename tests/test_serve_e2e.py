@@ -357,6 +357,10 @@ def test_every_declared_input_is_honoured_or_refused_by_name(servers, key):
     else:  # TensorRT-LLM's stop words end the tokens with the word included
         first = ids.index(ids[at])
         assert stopped == tok.decode(ids[: first + 1]), (full, word, stopped)
+    if served.decoupled:  # streamed, the chunks hold back what may begin the stop word and end at it too
+        status, text = post(served, "generate_stream", served.body(max_tokens=32, stream=True, extra=extra))
+        chunks = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+        assert status == 200 and "".join(c.get("text_output", "") for c in chunks) == stopped, (text, stopped)
     for name, value in REFUSED[served.flavour]:
         status, answer = post(served, "generate", {**served.body(max_tokens=4), name: value})
         assert status >= 400 and name.replace("bad_words", "bad_words_list") in answer["error"], (name, answer)

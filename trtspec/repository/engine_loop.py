@@ -219,7 +219,8 @@ class Stream:
             self.loop.defer(self.flush)
 
     def flush(self) -> None:
-        """On the responder thread: everything pushed and not yet sent, as one send."""
+        """On the responder thread: everything pushed and not yet sent, as one send (`items[:sent]` is
+        then all that was sent, for a sender that works on the whole output rather than the chunk)."""
         self.queued = False
         end = len(self.items)
         if end > self.sent:

@@ -146,13 +146,12 @@ class TorchLLMAPIModel(BatchedPythonModel):
         perf = bool(scalar(request, "sampling_param_return_perf_metrics", False))
         want_reason = bool(scalar(request, "return_finish_reason", False))
         want_stop_reason = bool(scalar(request, "return_stop_reason", False))
-        tokens: list[int] = []
         sent = [0, 0]  # characters of text already streamed, time of first token
         stopped: list[str | None] = [None]
 
-        def emit(new: list[int]) -> None:  # on the responder thread, off the engine's steps
-            shown.extend(new)
-            text, word = cut_at_stop(self.tokenizer.decode(shown, skip_special_tokens=True), stops)
+        def emit(_new: list[int]) -> None:  # on the responder thread, off the engine's steps
+            shown = self.tokenizer.decode(stream.items[: stream.sent], skip_special_tokens=True)
+            text, word = cut_at_stop(shown, stops)
             if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence waits for more
                 return
             safe = len(text) if word else max(sent[0], len(text) - hold)
@@ -160,17 +159,18 @@ class TorchLLMAPIModel(BatchedPythonModel):
                 chunk, sent[0] = text[sent[0] : safe], safe
                 sender.send(pb_utils.InferenceResponse([string_tensor("text_output", chunk)]))
 
-        shown: list[int] = []
         stream = Stream(self.loop, emit)
+        tokens = stream.items  # the one copy of the output so far: streamed from, and checked for stops
 
         def on_tokens(new: list[int]) -> bool:
             if not sent[1]:
                 sent[1] = time.time_ns()
-            tokens.extend(new)
-            if stops:  # only a stop string needs the text on the engine thread: it ends the row now
-                stopped[0] = cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), stops)[1]
             if streaming:
                 stream.push(new)
+            elif stops:
+                tokens.extend(new)
+            if stops:  # only a stop string needs the text on the engine thread: it ends the row now
+                stopped[0] = cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), stops)[1]
             return stopped[0] is not None
 
         def done(seq: Sequence, error: str | None) -> None:
