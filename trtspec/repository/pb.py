@@ -80,23 +80,24 @@ def given(request, name: str) -> bool:
     import triton_python_backend_utils as pb_utils
 
     tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return False
-    values = tensor.as_numpy().reshape(-1)
+    return tensor is not None and _has_content(tensor.as_numpy().reshape(-1))
+
+
+def _has_content(values: np.ndarray) -> bool:
     return any(v not in (b"", "") for v in values.tolist()) if values.dtype == np.object_ else values.size > 0
 
 
 def first_refused(request, declared: list[str], honoured: frozenset[str], neutral: dict[str, Any]) -> str | None:
     """The first declared input a request gives that the model neither honours nor finds at its no-op
     value, so nothing a client sends is accepted and then ignored."""
-    import triton_python_backend_utils as pb_utils
-
-    present = {tensor.name() for tensor in request.inputs()}  # one pass, not a lookup per declared name
+    present = {tensor.name(): tensor for tensor in request.inputs()}  # one pass, not a lookup per name
     for name in declared:
-        if name in honoured or name not in present or not given(request, name):
+        if name in honoured or name not in present:
             continue
-        values = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1).tolist()
-        if name in neutral and all(v == neutral[name] for v in values):
+        values = present[name].as_numpy().reshape(-1)
+        if not _has_content(values):
+            continue
+        if name in neutral and all(v == neutral[name] for v in values.tolist()):
             continue
         return name
     return None

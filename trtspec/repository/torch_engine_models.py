@@ -126,16 +126,20 @@ def array(name: str, values, dtype) -> Any:
     return pb_utils.Tensor(name, np.asarray(values, dtype=dtype))
 
 
-def perf_tensors(arrival: int, scheduled: int, first: int, last: int, drafted: int, accepted: int) -> list:
-    return [
-        array("arrival_time_ns", [[arrival]], np.int64),
-        array("first_scheduled_time_ns", [[scheduled]], np.int64),
-        array("first_token_time_ns", [[first]], np.int64),
-        array("last_token_time_ns", [[last]], np.int64),
-        array("acceptance_rate", [[accepted / drafted if drafted else 0.0]], np.float32),
-        array("total_accepted_draft_tokens", [[accepted]], np.int32),
-        array("total_draft_tokens", [[drafted]], np.int32),
-    ]
+def perf_tensors(
+    arrival: int, scheduled: int, first: int, last: int, drafted: int, accepted: int, wanted: set[str] | None = None
+) -> list:
+    """TensorRT-LLM's perf outputs; with `wanted`, only those (each tensor is a copy into shared memory)."""
+    values = {
+        "arrival_time_ns": ([[arrival]], np.int64),
+        "first_scheduled_time_ns": ([[scheduled]], np.int64),
+        "first_token_time_ns": ([[first]], np.int64),
+        "last_token_time_ns": ([[last]], np.int64),
+        "acceptance_rate": ([[accepted / drafted if drafted else 0.0]], np.float32),
+        "total_accepted_draft_tokens": ([[accepted]], np.int32),
+        "total_draft_tokens": ([[drafted]], np.int32),
+    }
+    return [array(name, v, dtype) for name, (v, dtype) in values.items() if not wanted or name in wanted]
 
 
 class TensorRTLLMModel(BatchedPythonModel):
@@ -321,9 +325,9 @@ class TensorRTLLMModel(BatchedPythonModel):
                 v = self.engine.target.dims.vocab_size
                 values = torch.stack(seq.logits[: len(kept)]).numpy() if kept else np.zeros((0, v), np.float32)
                 outputs.append(array("generation_logits", values[None, None], np.float32))
-            outputs += perf_tensors(
-                arrival, seq.admitted_ns or arrival, first[0] or last, last, stats.draft_tokens, stats.accepted_tokens
-            )
+            scheduled, first_token = seq.admitted_ns or arrival, first[0] or last
+            drafted, accepted = stats.draft_tokens, stats.accepted_tokens
+            outputs += perf_tensors(arrival, scheduled, first_token, last, drafted, accepted, wanted)
             if want_inputs:
                 outputs.append(array("num_input_tokens", [[len(prompt)]], np.int32))
             if want_outputs:
