@@ -9,9 +9,10 @@ that batch and K: K = 0's, kept current by the steps that run, times what drafti
 to it (calibrated when the engine starts, re-timed by the steps that draft). K = 0
 is plain decoding, so where verification stops riding free it turns speculation off. Leaving K = 0
 is not free (a drafter that skipped steps catches up on them, for MTP a pass over every row's
-skipped tokens), so it takes a clear predicted gain. Only a K that runs has its cost refreshed, so
-the runner-up is tried now and then: K = 0 while drafting wins, and a K > 0 while K = 0 wins only
-as often as a fixed share of throughput pays for. `FixedK` is
+skipped tokens), so it takes a clear predicted gain; and drafting must beat K = 0 by more than the
+noise of the timings, since a wrong K > 0 costs throughput that K = 0 never does. Only a K that runs
+has its cost refreshed, so the runner-up is tried now and then, as often as a fixed share of the
+running K's time pays for: often when the two nearly tie, rarely when one is far ahead. `FixedK` is
 the configured K. Both honour `max_concurrency`, TensorRT-LLM's cut-off: no speculation when more
 rows than that are running.
 """
@@ -34,10 +35,11 @@ POLICIES = ("fixed", "adaptive")
 PRIOR_STEPS = 16  # steps with drafts before measured acceptance replaces the prior
 PRIOR_RATE = 0.6  # conditional acceptance per position assumed until then
 MIN_SAMPLES = 16  # rows that reached a position before its measured rate replaces the prior
-EXPLORE_EVERY = 64  # every this many steps the runner-up K (0, or the best K > 0) is tried again ...
-EXPLORE_STEPS = 4  # ... for this many steps: the first after a change of K is not timed (see observe)
-EXPLORE_BUDGET = 0.02  # ... a K > 0 no more often than costs this share of K = 0's throughput
-UP_MARGIN = 0.05  # predicted gain a K > 0 needs to leave K = 0: estimates carry a few % of noise
+EXPLORE_STEPS = 4  # the runner-up K (0, or the best K > 0) is tried again for this many steps (the first
+# after a change of K is not timed, see observe) as often as costs EXPLORE_BUDGET of the running K's time ...
+EXPLORE_BUDGET = 0.02
+EXPLORE_MIN, EXPLORE_MAX = 16, 512  # ... but no more often than every EXPLORE_MIN steps, nor less than EXPLORE_MAX
+UP_MARGIN = 0.05  # predicted gain a K > 0 needs to leave K = 0, beyond the timings' own noise
 COST_WINDOW = 15  # a step cost is the mean of this many latest steps at that (batch, K), less the slowest
 # and the fastest: a lone outlier (a GC pause, another process) is dropped, while costs that recur (a
 # drafter catching up on a row that just joined) are counted, and calibration's figure soon leaves
@@ -139,30 +141,40 @@ class AdaptiveK(KPolicy):
         if any(v is None for v in scored.values()):
             return k_max
         best_up = max(range(1, k_max + 1), key=lambda k: scored[k])
-        # staying at K > 0 needs only to beat K = 0; leaving K = 0 needs a margin over it
-        margin = 1.0 + (UP_MARGIN if self.previous_k == 0 else 0.0)
+        # drafting must beat K = 0 by more than the timings' noise (served, a step's time swings 2x and
+        # the K's were within 1-3% at concurrency 16: it drafted on noise, and lost); leaving K = 0, which
+        # pays a switch, needs UP_MARGIN more
+        margin = 1.0 + self.noise(batch, best_up) + (UP_MARGIN if self.previous_k == 0 else 0.0)
         best = best_up if scored[best_up] >= margin * scored[0] else 0
         if self.exploring:
             self.exploring -= 1
             return self.explored
         # counted from the last exploration or the last change between drafting and not
         self.since_explore = self.since_explore + 1 if (best > 0) == (self.previous_k > 0) else 1
-        # the runner-up is tried now and then, since only running a K refreshes its cost at this batch: a
-        # K > 0 while K = 0 wins (as often as EXPLORE_BUDGET pays for), K = 0 while a K > 0 wins (cheap)
-        interval = self.explore_interval(batch, best_up) if best == 0 else EXPLORE_EVERY
-        if self.since_explore >= interval:
+        # the runner-up is tried now and then, since only running a K refreshes its cost at this batch
+        runner_up = best_up if best == 0 else 0
+        if self.since_explore >= self.explore_interval(batch, best, runner_up, scored):
             self.since_explore, self.exploring = 0, EXPLORE_STEPS - 1
-            self.explored = best_up if best == 0 else 0
+            self.explored = runner_up
             return self.explored
         return best
 
-    def explore_interval(self, batch: int, k: int) -> int:
-        """Decisions between explorations, so that exploring costs at most EXPLORE_BUDGET of K = 0's time."""
-        plain, up = self.step_seconds(batch, 0), self.step_seconds(batch, k)
-        if plain is None or up is None or plain <= 0:
-            return EXPLORE_EVERY
-        cost = self.switch_seconds + EXPLORE_STEPS * max(up - plain, 0.0)
-        return max(EXPLORE_EVERY, math.ceil(cost / (EXPLORE_BUDGET * plain)))
+    def noise(self, batch: int, k: int) -> float:
+        """Relative standard error of K's predicted gain over K = 0, from the spread of their step times."""
+        batch = self.bucket(batch)
+        return math.hypot(*(_relative_error(self.recent.get((batch, j), ())) for j in (0, k)))
+
+    def explore_interval(self, batch: int, k: int, runner_up: int, scored: dict[int, float | None]) -> int:
+        """Decisions between explorations of `runner_up` while `k` runs, so that exploring costs at most
+        EXPLORE_BUDGET of the running K's time: a runner-up that nearly ties is cheap to try, and tried
+        often (at concurrency 16, K = 0 to drafting), one far behind is tried rarely."""
+        now, other = self.step_seconds(batch, k), self.step_seconds(batch, runner_up)
+        if not now or not other or not scored[k] or scored[runner_up] is None:
+            return EXPLORE_MAX
+        # EXPLORE_STEPS steps of the runner-up yield what the running K would in a fraction of their time
+        lost = EXPLORE_STEPS * other * max(1.0 - scored[runner_up] / scored[k], 0.0)
+        interval = math.ceil((self.switch_seconds + lost) / (EXPLORE_BUDGET * now))
+        return min(max(interval, EXPLORE_MIN), EXPLORE_MAX)
 
     def observe(self, batch: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         self.last_seconds = seconds
@@ -220,6 +232,15 @@ def _interpolate(costs: dict[int, dict[int, float]], batch: int, value, grows: b
 def _trimmed_mean(values: deque[float]) -> float:
     kept = sorted(values)[1:-1] if len(values) >= 5 else list(values)
     return statistics.fmean(kept)
+
+
+def _relative_error(window) -> float:
+    """Standard error of a window's mean relative to it (0 with too few steps to tell)."""
+    if len(window) < 3:
+        return 0.0
+    kept = sorted(window)[1:-1] if len(window) >= 5 else list(window)  # what _trimmed_mean averages
+    mean = statistics.fmean(kept)
+    return statistics.stdev(kept) / math.sqrt(len(kept)) / mean if mean > 0 else 0.0
 
 
 def _pad(values: list[int], width: int) -> list[int]:
