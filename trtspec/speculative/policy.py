@@ -38,7 +38,9 @@ MIN_SAMPLES = 16  # rows that reached a position before its measured rate replac
 EXPLORE_STEPS = 4  # the runner-up K (0, or the best K > 0) is tried again for this many steps (the first
 # after a change of K is not timed, see observe) as often as costs EXPLORE_BUDGET of the running K's time ...
 EXPLORE_BUDGET = 0.02
-EXPLORE_MIN, EXPLORE_MAX = 16, 512  # ... but no more often than every EXPLORE_MIN steps, nor less than EXPLORE_MAX
+EXPLORE_MAX = 512  # ... but at least every EXPLORE_MAX steps, and no more often than every
+EXPLORE_MIN = {True: 16, False: 64}  # ... 16 steps for K = 0 (trying it never costs more than the drafting
+# gain it forgoes) and 64 for a K > 0 (a switch to drafting that the estimates call a tie may well lose)
 UP_MARGIN = 0.05  # predicted gain a K > 0 needs to leave K = 0, beyond the timings' own noise
 COST_WINDOW = 15  # a step cost is the mean of this many latest steps at that (batch, K), less the slowest
 # and the fastest: a lone outlier (a GC pause, another process) is dropped, while costs that recur (a
@@ -174,7 +176,7 @@ class AdaptiveK(KPolicy):
         # EXPLORE_STEPS steps of the runner-up yield what the running K would in a fraction of their time
         lost = EXPLORE_STEPS * other * max(1.0 - scored[runner_up] / scored[k], 0.0)
         interval = math.ceil((self.switch_seconds + lost) / (EXPLORE_BUDGET * now))
-        return min(max(interval, EXPLORE_MIN), EXPLORE_MAX)
+        return min(max(interval, EXPLORE_MIN[runner_up == 0]), EXPLORE_MAX)
 
     def observe(self, batch: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         self.last_seconds = seconds
