@@ -38,9 +38,10 @@ MIN_SAMPLES = 16  # rows that reached a position before its measured rate replac
 EXPLORE_STEPS = 4  # the runner-up K (0, or the best K > 0) is tried again for this many steps (the first
 # after a change of K is not timed, see observe) as often as costs EXPLORE_BUDGET of the running K's time ...
 EXPLORE_BUDGET = 0.02
-EXPLORE_MAX = 512  # ... but at least every EXPLORE_MAX steps, and no more often than every
-EXPLORE_MIN = {True: 16, False: 64}  # ... 16 steps for K = 0 (trying it never costs more than the drafting
-# gain it forgoes) and 64 for a K > 0 (a switch to drafting that the estimates call a tie may well lose)
+EXPLORE_MAX = 512  # ... but at least once in this many steps
+# ... and at most once in this many, keyed by "the runner-up is K = 0": 16 for K = 0 (trying it never costs
+# more than the drafting gain it forgoes), 64 for a K > 0 (a switch the estimates call a tie may well lose)
+EXPLORE_MIN = {True: 16, False: 64}
 UP_MARGIN = 0.05  # predicted gain a K > 0 needs to leave K = 0, beyond the timings' own noise
 COST_WINDOW = 15  # a step cost is the mean of this many latest steps at that (batch, K), less the slowest
 # and the fastest: a lone outlier (a GC pause, another process) is dropped, while costs that recur (a
@@ -155,7 +156,8 @@ class AdaptiveK(KPolicy):
         self.since_explore = self.since_explore + 1 if (best > 0) == (self.previous_k > 0) else 1
         # the runner-up is tried now and then, since only running a K refreshes its cost at this batch
         runner_up = best_up if best == 0 else 0
-        if self.since_explore >= self.explore_interval(batch, best, runner_up, scored):
+        due = self.since_explore >= EXPLORE_MIN[runner_up == 0]  # never sooner, so not worked out sooner
+        if due and self.since_explore >= self.explore_interval(batch, best, runner_up, scored):
             self.since_explore, self.exploring = 0, EXPLORE_STEPS - 1
             self.explored = runner_up
             return self.explored
@@ -231,16 +233,20 @@ def _interpolate(costs: dict[int, dict[int, float]], batch: int, value, grows: b
     return (1 - w) * known[lo] + w * known[hi]
 
 
+def _trimmed(values) -> list[float]:
+    """The slowest and the fastest dropped, once there are enough to spare them."""
+    return sorted(values)[1:-1] if len(values) >= 5 else list(values)
+
+
 def _trimmed_mean(values: deque[float]) -> float:
-    kept = sorted(values)[1:-1] if len(values) >= 5 else list(values)
-    return statistics.fmean(kept)
+    return statistics.fmean(_trimmed(values))
 
 
 def _relative_error(window) -> float:
     """Standard error of a window's mean relative to it (0 with too few steps to tell)."""
     if len(window) < 3:
         return 0.0
-    kept = sorted(window)[1:-1] if len(window) >= 5 else list(window)  # what _trimmed_mean averages
+    kept = _trimmed(window)  # what _trimmed_mean averages
     mean = statistics.fmean(kept)
     return statistics.stdev(kept) / math.sqrt(len(kept)) / mean if mean > 0 else 0.0
 
