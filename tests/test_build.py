@@ -28,6 +28,9 @@ from trtspec.build import builder, recipes
 from trtspec.build.manifest import Manifest
 from trtspec.cli import cli
 from trtspec.config import load_config, validate_config
+from trtspec.families import BY_ARCHITECTURE
+
+LLAMA = BY_ARCHITECTURE["LlamaForCausalLM"]
 
 GOLDEN = Path(__file__).parent / "golden"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -92,8 +95,8 @@ def test_draft_target_engine_recipe_equals_the_documented_one(tmp_path):
     env = {"DRAFT_MODEL_PATH": str(draft), "TARGET_MODEL_PATH": str(target)}
     documented = documented_commands(GOLDEN / "trtllm_draft_target_build.sh", env)
     ours = [
-        recipes.convert_command(cfg, cfg.draft, env["DRAFT_MODEL_PATH"], env["DRAFT_CKPT_PATH"], "llama", "float16"),
-        recipes.convert_command(cfg, cfg.target, env["TARGET_MODEL_PATH"], env["TARGET_CKPT_PATH"], "llama", "float16"),
+        recipes.convert_command(cfg, cfg.draft, env["DRAFT_MODEL_PATH"], env["DRAFT_CKPT_PATH"], LLAMA, "float16"),
+        recipes.convert_command(cfg, cfg.target, env["TARGET_MODEL_PATH"], env["TARGET_CKPT_PATH"], LLAMA, "float16"),
         recipes.trtllm_build_command(
             cfg, cfg.draft, env["DRAFT_CKPT_PATH"], env["DRAFT_ENGINE_PATH"], "float16", "draft", 10
         ),
@@ -116,7 +119,7 @@ def test_tensor_parallel_is_set_at_conversion_as_documented(tmp_path):
     cfg = trt_config(target, draft, tp=2)
     env = {"TARGET_MODEL_PATH": str(target), "TARGET_CKPT_PATH": "/workspace/ckpt-target"}
     (documented,) = documented_commands(GOLDEN / "trtllm_draft_target_tp_convert.sh", env)
-    ours = recipes.convert_command(cfg, cfg.target, str(target), "/workspace/ckpt-target", "llama", "float16")
+    ours = recipes.convert_command(cfg, cfg.target, str(target), "/workspace/ckpt-target", LLAMA, "float16")
     assert as_argv(ours) == documented
     build = recipes.trtllm_build_command(cfg, cfg.target, "/c", "/e", "float16", "target", 10)
     assert not any(a.startswith("--tp_size") for a in build.args)  # trtllm-build has no --tp_size

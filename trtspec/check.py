@@ -23,6 +23,7 @@ from trtspec.checkpoints.memory import MemoryPlan, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
 from trtspec.config import DeploymentConfig
 from trtspec.deploy import sizing
+from trtspec.modes import get_mode
 from trtspec.versions import minor
 
 MANY_DRAFT_TOKENS = 8
@@ -160,7 +161,7 @@ def _check_support(
             "error",
             "unsupported",
             f"mode {mode} does not exist on backend {backend} in TensorRT-LLM {version}",
-            "use backend pytorch for MTP" if mode == "mtp" else "pick a supported backend",
+            f"{mode} exists on {get_mode(mode).where()}",
         )
         return
     for name, info in (("target", target), ("draft", draft)):
@@ -193,54 +194,7 @@ def _check_support(
                 "error",
                 "compute-capability",
                 f"{mode} on {backend} needs compute capability >= {row.min_sm:.1f}, this GPU has {gpu_sm:.1f}",
-                "use an Ampere (8.0) or newer GPU; MTP needs Hopper (9.0)",
-            )
-    if cfg.mtp is not None and cfg.mtp.relaxed_acceptance:
-        report.add(
-            "warning",
-            "not-lossless",
-            "mtp.relaxed_acceptance changes outputs: speculation is no longer "
-            "lossless (TensorRT-LLM applies it in DeepSeek-R1's thinking phase only)",
-            "set relaxed_acceptance: false to keep the target's exact distribution",
-        )
-
-
-def _check_mtp(cfg: DeploymentConfig, target: CheckpointInfo, report: Report) -> None:
-    layers = int(target.config.get("num_nextn_predict_layers") or 0)
-    if layers <= 0:
-        report.add(
-            "error",
-            "mtp-missing",
-            f"{target.path}: config.json has no num_nextn_predict_layers > 0",
-            "use a checkpoint that carries MTP layers (DeepSeek-V3/R1) or mode draft-target",
-        )
-        return
-    wanted = cfg.mtp.num_nextn_predict_layers if cfg.mtp and cfg.mtp.num_nextn_predict_layers else layers
-    if wanted > layers:
-        report.add(
-            "error",
-            "mtp-layers",
-            f"mtp.num_nextn_predict_layers is {wanted}, the checkpoint has {layers}",
-            f"set it to at most {layers}; more drafts reuse the layers (speculation.num_draft_tokens)",
-        )
-    base = int(target.config["num_hidden_layers"])
-    if target.weight_names is None:
-        report.add(
-            "warning", "mtp-weights-unknown", "no weight index or safetensors headers to look for MTP weights", ""
-        )
-        return
-    for k in range(min(wanted, layers)):
-        need = [
-            f"model.layers.{base + k}.{n}"
-            for n in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight")
-        ]
-        missing = [n for n in need if n not in target.weight_names]
-        if missing:
-            report.add(
-                "error",
-                "mtp-weights-missing",
-                f"MTP layer {base + k} weights missing: {', '.join(missing)}",
-                "use the full checkpoint: some conversions drop the MTP layer (DeepSeek's convert.py skips it)",
+                f"use a GPU of compute capability {row.min_sm:.1f} or newer",
             )
 
 
@@ -248,7 +202,7 @@ def _check_limits(
     cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
 ) -> None:
     b, k = cfg.build, cfg.speculation.num_draft_tokens
-    drafts = 0 if cfg.mode == "none" else (k if isinstance(k, int) else 0)
+    drafts = k if get_mode(cfg.mode).speculates() and isinstance(k, int) else 0
     output = cfg.speculation.sampling.max_tokens
     need = b.max_input_len + output + drafts
     if b.max_seq_len < need:
@@ -424,7 +378,7 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
             "",
         )
     b = cfg.build
-    if b.backend == "tensorrt" and cfg.mode == "draft-target" and cfg.serve.grpc_port != 8001:
+    if b.backend == "tensorrt" and get_mode(cfg.mode).needs_draft and cfg.serve.grpc_port != 8001:
         report.add(
             "warning",
             "bls-grpc-port",
@@ -471,7 +425,8 @@ def detect_gpu() -> tuple[float | None, float | None]:
 def run_check(cfg: DeploymentConfig) -> Report:
     report = Report()
     target = _load(cfg, "target", report)
-    draft = _load(cfg, "draft", report) if cfg.draft is not None and cfg.mode == "draft-target" else None
+    spec = get_mode(cfg.mode)
+    draft = _load(cfg, "draft", report) if cfg.draft is not None and spec.needs_draft else None
     gpu_sm, gpu_gb = detect_gpu()
     gpu_gb = cfg.build.gpu_memory_gb or gpu_gb
     _check_weights({"target": target, "draft": draft}, report)
@@ -479,8 +434,7 @@ def run_check(cfg: DeploymentConfig) -> Report:
         _check_tokenizers(target, draft, report)
         _check_differences(target, draft, report)
     _check_support(cfg, target, draft, gpu_sm, report)
-    if cfg.mode == "mtp" and target is not None:
-        _check_mtp(cfg, target, report)
+    spec.check(cfg, target, draft, report)
     _check_limits(cfg, target, draft, report)
     _check_quantization(cfg, {"target": target, "draft": draft}, report)
     if target is not None:

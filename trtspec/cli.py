@@ -18,6 +18,7 @@ from rich.table import Table
 
 from trtspec import __version__
 from trtspec.errors import TrtspecError, UsageError
+from trtspec.modes import MODE_NAMES, RUNNER_MODES, get_mode
 
 console = Console()
 
@@ -59,30 +60,49 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 @cli.command()
 @click.option("--target", required=True, help="Target checkpoint: a local HF directory, embedded:<name> or a hub id.")
 @click.option("--draft", help="Draft checkpoint sharing the target's tokenizer (draft-target mode).")
-@click.option("--mtp", is_flag=True, help="Draft with the target's own MTP layers instead of a draft model.")
+@click.option("--mtp", is_flag=True, help="Draft with the target's own MTP layers (same as --mode mtp).")
+@click.option(
+    "--mode",
+    type=click.Choice(MODE_NAMES),
+    default=None,
+    help="Speculative mode (default: draft-target with --draft, mtp with --mtp, else none).",
+)
 @click.option("--name", help="Deployment name (default: from the target's directory name).")
 @click.option(
     "--backend",
     type=click.Choice(["tensorrt", "pytorch", "torch"]),
     default=None,
-    help="Engine backend (default: pytorch for MTP, tensorrt for a pair, torch for embedded models).",
+    help="Engine backend (default: torch for embedded models, else the first of tensorrt, pytorch the mode exists on).",
 )
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write (default configs/NAME.yaml)."
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def init(
-    target: str, draft: str | None, mtp: bool, name: str | None, backend: str | None, out: Path | None, force: bool
+    target: str,
+    draft: str | None,
+    mtp: bool,
+    mode: str | None,
+    name: str | None,
+    backend: str | None,
+    out: Path | None,
+    force: bool,
 ) -> None:
     """Write a commented deployment config for a target/draft pair or an MTP checkpoint."""
     from trtspec.errors import UsageError
     from trtspec.init_config import build_config_dict, write_init_config
 
-    if mtp and draft:
-        raise UsageError("--mtp and --draft exclude each other: MTP drafts with the target's own layers")
-    mode = "mtp" if mtp else ("draft-target" if draft else "none")
+    if mtp and mode not in (None, "mtp"):
+        raise UsageError(f"--mtp and --mode {mode} exclude each other")
+    mode = mode or ("mtp" if mtp else ("draft-target" if draft else "none"))
+    spec = get_mode(mode)
+    if draft and not spec.needs_draft:
+        raise UsageError(f"--draft is not used with mode {mode}: it drafts without a second model")
+    if spec.needs_draft and not draft:
+        raise UsageError(f"mode {mode} needs --draft (a checkpoint sharing the target's tokenizer)")
     if backend is None:
-        backend = "torch" if target.startswith("embedded:") else ("pytorch" if mtp else "tensorrt")
+        engines = [b for b in ("tensorrt", "pytorch") if spec.row(b).exists]
+        backend = "torch" if target.startswith("embedded:") or not engines else engines[0]
     if name is None:
         stem = target.removeprefix("embedded:").rstrip("/").split("/")[-1].lower()
         name = "".join(c if c.isalnum() else "-" for c in stem).strip("-")[:63] or "deployment"
@@ -234,7 +254,7 @@ def plan(
 @click.option("--prompt", required=True, help="Prompt text.")
 @click.option(
     "--mode",
-    type=click.Choice(["none", "draft-target", "mtp", "ngram"]),
+    type=click.Choice(RUNNER_MODES),
     default=None,
     help="Drafter to use (default: the config's speculation.mode).",
 )

@@ -19,10 +19,11 @@ from pydantic_core import PydanticCustomError
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.errors import ConfigError, shorten
-from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS, minor
+from trtspec.modes import MODE_NAMES, REGISTRY, get_mode
+from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS, at_least, minor
 
 MAX_DRAFT_TOKENS = 16
-Mode = Literal["draft-target", "mtp", "none"]
+Mode = Literal[MODE_NAMES]  # type: ignore[valid-type]  # the registry's names, trtspec.modes
 Backend = Literal["tensorrt", "pytorch", "torch"]
 Flavour = Literal["llmapi", "engine"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
@@ -120,7 +121,7 @@ class SpeculationSection(_Section):
         """fixed or adaptive: what `auto` means on `backend`."""
         if self.policy != "auto":
             return self.policy
-        return "adaptive" if backend == "torch" and self.mode != "none" else "fixed"
+        return "adaptive" if backend == "torch" and get_mode(self.mode).speculates() else "fixed"
 
 
 class BuildSection(_Section):
@@ -323,24 +324,31 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
     errors: list[tuple[str, str]] = []
     mode, backend, flavour = cfg.speculation.mode, cfg.build.backend, cfg.serve.flavour
     b = cfg.build
-    if mode == "draft-target" and cfg.draft is None:
-        errors.append(("draft", "required when speculation.mode is draft-target (add draft.checkpoint)"))
-    if mode == "mtp" and cfg.draft is not None:
-        errors.append(("draft", "not used with speculation.mode mtp (the drafter is the target's MTP layers)"))
-    if mode != "mtp" and cfg.mtp is not None:
-        errors.append(("mtp", f"only used with speculation.mode mtp, got mode {mode}"))
-    if mode == "mtp" and backend == "tensorrt":
+    spec = get_mode(mode)
+    if spec.needs_draft and cfg.draft is None:
+        errors.append(("draft", f"required when speculation.mode is {mode} (add draft.checkpoint)"))
+    if spec.refuses_draft and cfg.draft is not None:
+        errors.append(("draft", f"not used with speculation.mode {mode} (it drafts without a second model)"))
+    for other in REGISTRY.values():
+        if other.section and other.section != spec.section and getattr(cfg, other.section) is not None:
+            errors.append((other.section, f"only used with speculation.mode {other.name}, got mode {mode}"))
+    row = spec.row(backend)
+    if not row.exists:
+        errors.append(("build.backend", f"mode {mode} does not exist on backend {backend}; use backend {spec.where()}"))
+    elif row.versions is not None and minor(b.tensorrt_llm_version) not in row.versions:
         errors.append(
             (
-                "build.backend",
-                "MTP does not exist for compiled TensorRT engines; use backend pytorch (TensorRT-LLM LLM API) or torch",
+                "build.tensorrt_llm_version",
+                f"mode {mode} on backend {backend} does not exist in TensorRT-LLM {b.tensorrt_llm_version};"
+                f" it exists on {spec.where()}",
             )
         )
+    errors += spec.validate(cfg)
     if backend == "pytorch" and flavour == "engine":
         errors.append(("serve.flavour", "backend pytorch is served by flavour llmapi (engine needs compiled engines)"))
     if backend == "tensorrt" and flavour == "llmapi":
         errors.append(("serve.flavour", "backend tensorrt (compiled engines) is served by flavour engine"))
-    if flavour == "engine" and mode == "draft-target" and cfg.serve.streaming:
+    if flavour == "engine" and not spec.engine_streams and cfg.serve.streaming:
         errors.append(
             (
                 "serve.streaming",
@@ -358,10 +366,14 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
         )
     if cfg.speculation.max_concurrency is not None and backend == "tensorrt":
         errors.append(("speculation.max_concurrency", "TensorRT-LLM honours it on the pytorch backend only"))
-    if cfg.speculation.max_concurrency is not None and backend == "pytorch" and minor(b.tensorrt_llm_version) < "1.2":
+    if (
+        cfg.speculation.max_concurrency is not None
+        and backend == "pytorch"
+        and not at_least(b.tensorrt_llm_version, "1.2")
+    ):
         errors.append(("speculation.max_concurrency", f"needs TensorRT-LLM 1.2+, got {b.tensorrt_llm_version}"))
-    if cfg.speculation.use_draft_logits and not (flavour == "engine" and mode == "draft-target"):
-        errors.append(("speculation.use_draft_logits", "only applies to flavour engine with mode draft-target"))
+    if cfg.speculation.use_draft_logits and not (flavour == "engine" and spec.needs_draft):
+        errors.append(("speculation.use_draft_logits", "only applies to flavour engine with a draft model"))
     if backend in ("tensorrt", "pytorch") and cfg.serve.instances > 1:
         errors.append(
             (
@@ -375,7 +387,7 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
     if b.max_input_len >= b.max_seq_len:
         errors.append(("build.max_input_len", f"must be below max_seq_len ({b.max_seq_len}), got {b.max_input_len}"))
     k = cfg.speculation.num_draft_tokens
-    if mode != "none" and isinstance(k, int) and b.max_seq_len < b.max_input_len + k + 1:
+    if spec.speculates() and isinstance(k, int) and b.max_seq_len < b.max_input_len + k + 1:
         errors.append(
             (
                 "build.max_seq_len",

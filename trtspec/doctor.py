@@ -13,10 +13,13 @@ import subprocess
 import sys
 from typing import Any
 
+from trtspec.modes import REGISTRY
 from trtspec.serve.locate import find_tritonserver
 
-MIN_SM_DRAFT_TARGET = 8.0
-MIN_SM_MTP = 9.0
+# the least compute capability any speculative mode needs on TensorRT-LLM (the support rows say which)
+MIN_SM_SPECULATIVE = min(
+    row.min_sm for mode in REGISTRY.values() if mode.speculates() for row in mode.support if row.min_sm is not None
+)
 
 
 def _version(dist: str) -> str | None:
@@ -107,8 +110,8 @@ def _capabilities(r: dict[str, Any], best_sm: float, can_serve_python: bool) -> 
     caps["torch"] = entry(True, can_serve_python, torch_why)
     gpu_why = (
         []
-        if best_sm >= MIN_SM_DRAFT_TARGET
-        else [f"no GPU with compute capability >= {MIN_SM_DRAFT_TARGET} (draft-target needs Ampere or newer)"]
+        if best_sm >= MIN_SM_SPECULATIVE
+        else [f"no GPU with compute capability >= {MIN_SM_SPECULATIVE} (speculative modes need Ampere or newer)"]
     )
     trt_why = (
         ([] if has_trtllm else [no_trtllm])
@@ -120,5 +123,9 @@ def _capabilities(r: dict[str, Any], best_sm: float, can_serve_python: bool) -> 
     py_why = ([] if has_trtllm else [no_trtllm]) + gpu_why
     caps["pytorch"] = entry(not py_why, not py_why, py_why)
     caps["pytorch"]["flavours"] = ["llmapi"] if not py_why else []
-    caps["pytorch"]["mtp"] = best_sm >= MIN_SM_MTP and has_trtllm
+    for backend in ("tensorrt", "pytorch"):  # each mode's own minimum, from its support row
+        rows = [m.row(backend) for m in REGISTRY.values()]
+        caps[backend]["modes"] = sorted(
+            r.mode for r in rows if r.exists and not caps[backend]["why_not"] and best_sm >= (r.min_sm or 0)
+        )
     return caps

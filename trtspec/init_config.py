@@ -14,8 +14,8 @@ import yaml
 
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import Backend, Mode, resolve_checkpoint, validate_config
-from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text, refuse_overwrite, writing
+from trtspec.modes import MODE_NAMES, get_mode
 
 COMMENTS: dict[str, str] = {
     "name": "deployment name: Triton model names, engine and Kubernetes object names derive from it",
@@ -26,7 +26,7 @@ COMMENTS: dict[str, str] = {
     "mtp": "MTP drafting uses the target's own multi-token-prediction layers (DeepSeek-V3 layout)",
     "mtp.num_nextn_predict_layers": "layers to use; the checkpoint's config.json says how many it has",
     "mtp.relaxed_acceptance": "TensorRT-LLM's relaxed acceptance for thinking phases: faster, NOT lossless",
-    "speculation.mode": "draft-target | mtp | none (baseline without speculation)",
+    "speculation.mode": " | ".join(MODE_NAMES) + " (none: the baseline without speculation)",
     "speculation.num_draft_tokens": "tokens drafted per step, 1..16, or auto (trtspec plan measures and picks)",
     "speculation.use_draft_logits": "engine flavour: send draft logits to the target (needs gathered logits)",
     "speculation.policy": "auto | fixed | adaptive (torch: K per running batch, 0 where speculation stops paying)",
@@ -70,17 +70,14 @@ def build_config_dict(
     context = int(hf.get("max_position_embeddings", 4096))
     max_seq_len = min(context, 8192)
     data: dict[str, Any] = {"name": name, "target": {"checkpoint": target, "dtype": "auto", "quantization": "none"}}
-    if mode == "draft-target":
+    spec = get_mode(mode)
+    if spec.needs_draft:
         data["draft"] = {"checkpoint": draft, "dtype": "auto"}
-    if mode == "mtp":
-        layers = hf.get("num_nextn_predict_layers")
-        if hf and not layers:
-            raise UsageError(f"{target}: config.json has no num_nextn_predict_layers > 0; it carries no MTP layers")
-        data["mtp"] = {"num_nextn_predict_layers": layers, "relaxed_acceptance": False}
+    data.update(spec.init_sections(target, hf))
     flavour = "engine" if backend == "tensorrt" else "llmapi"
     data["speculation"] = {
         "mode": mode,
-        "num_draft_tokens": 3 if mode == "mtp" else 4,
+        "num_draft_tokens": spec.default_k,
         "policy": "auto",
         "max_concurrency": None,
         "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 128},
@@ -104,7 +101,7 @@ def build_config_dict(
         "http_port": 8000,
         "grpc_port": 8001,
         "metrics_port": 8002,
-        "streaming": not (flavour == "engine" and mode == "draft-target"),
+        "streaming": flavour != "engine" or spec.engine_streams,
     }
     data["deploy"] = {"image": None, "gpus_per_node": 8, "replicas": 1, "hf_token_secret": None}
     return data

@@ -23,6 +23,7 @@ from trtspec.checkpoints.inspect import read_checkpoint
 from trtspec.checkpoints.memory import model_memory
 from trtspec.config import DeploymentConfig
 from trtspec.errors import UsageError
+from trtspec.modes import get_mode
 from trtspec.prompts import Prompt
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
 from trtspec.speculative.factory import load_runner
@@ -178,7 +179,7 @@ def gpu_costs(cfg: DeploymentConfig, gpu: str, probe_k: int, batches: list[int],
     b = cfg.build
     target = read_checkpoint(_local(cfg, "target"))
     tm = model_memory(target.config, cfg.target.dtype, cfg.target.quantization, b.backend, b.tp, b.pp)
-    if cfg.mode == "draft-target":
+    if get_mode(cfg.mode).needs_draft:
         draft = read_checkpoint(_local(cfg, "draft"))
         dm = model_memory(draft.config, cfg.draft.dtype, cfg.draft.quantization, b.backend, b.tp, b.pp)
         d_bytes, d_kv, d_params = dm.weight_bytes_per_gpu, dm.kv_bytes_per_token_per_gpu, dm.params
@@ -244,10 +245,10 @@ def run_plan(
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    if cfg.mode == "none":
+    if not get_mode(cfg.mode).speculates():
         raise UsageError("speculation.mode is none: there is nothing to plan")
     target_path = _local(cfg, "target")
-    draft_path = _local(cfg, "draft") if cfg.mode == "draft-target" else None
+    draft_path = _local(cfg, "draft") if get_mode(cfg.mode).needs_draft else None
     max_len = max_prompt_tokens + max_tokens + PROBE_K + 8
     runner = load_runner(
         target_path,

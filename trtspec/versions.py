@@ -25,6 +25,21 @@ def minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
+def release(version: str) -> tuple[int, ...]:
+    """'1.2.1' -> (1, 2, 1), so that 1.10 sorts after 1.2 (strings do not)."""
+    return tuple(int(part) for part in version.split("."))
+
+
+def at_least(version: str, floor: str) -> bool:
+    """Whether `version` ('1.2.1') is `floor` ('1.2') or newer, compared release by release."""
+    return release(version)[: len(release(floor))] >= release(floor)
+
+
+def supported_minors() -> tuple[str, ...]:
+    """The minor releases trtspec generates for ('1.0', '1.1', '1.2'), from the container table."""
+    return tuple(dict.fromkeys(minor(v) for v in TRTLLM_CONTAINERS))
+
+
 def container_tag(version: str) -> str:
     """The newest Triton release carrying this TensorRT-LLM version (later ones carry fixes)."""
     return TRTLLM_CONTAINERS[version][-1]

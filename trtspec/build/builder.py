@@ -30,7 +30,6 @@ from trtspec.build.recipes import (
     Command,
     convert_command,
     engine_expectations,
-    engine_max_draft_len,
     llm_api_options,
     missing_flags,
     trt_dtype,
@@ -40,7 +39,9 @@ from trtspec.build.recipes import (
 from trtspec.checkpoints.inspect import read_checkpoint, read_hf_config, refuse_vocab_rows_mismatch
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import TrtspecError, UsageError, shorten
+from trtspec.families import ENGINE_FAMILIES, Family, convert_family
 from trtspec.fsutil import replace_dir, write_error, writing
+from trtspec.modes import get_mode
 
 LLM_API_DIR = "llm-api"
 LLM_API_YAML = "extra_llm_api_options.yaml"
@@ -85,7 +86,7 @@ def trtllm_available() -> bool:
 
 def resolve_num_draft_tokens(cfg: DeploymentConfig, engine_dir: Path) -> int:
     """The K to build for; `auto` takes plan.json's recommendation (`trtspec plan` writes it there)."""
-    if cfg.mode == "none":
+    if not get_mode(cfg.mode).speculates():
         return 0
     k = cfg.speculation.num_draft_tokens
     if isinstance(k, int):
@@ -119,7 +120,7 @@ def _limits(cfg: DeploymentConfig) -> dict[str, Any]:
 
 def _roles(cfg: DeploymentConfig) -> list[tuple[str, ModelSection]]:
     roles = [("target", cfg.target)]
-    if cfg.mode == "draft-target" and cfg.draft is not None:
+    if get_mode(cfg.mode).needs_draft and cfg.draft is not None:
         roles.append(("draft", cfg.draft))
     return roles
 
@@ -135,14 +136,14 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
         if path is None:
             raise UsageError(f"{role}.checkpoint {ref} is a hub id; the torch backend needs a local checkpoint")
         dtype = resolve_dtype(section.dtype, device)
-        speculating = role == "target" and cfg.mode != "none"
-        spec_mode = {"draft-target": "draft_tokens_external", "mtp": "mtp"}.get(cfg.mode, "none")
+        spec = get_mode(cfg.mode)
+        speculating = role == "target" and spec.speculates()
         build = {
             **_limits(cfg),
-            "max_draft_len": (engine_max_draft_len(k) if cfg.mode == "draft-target" else k) if speculating else 0,
-            "speculative_decoding_mode": spec_mode if speculating else "none",
+            "max_draft_len": spec.engine_draft_len(k) if speculating else 0,
+            "speculative_decoding_mode": spec.torch_engine_mode if speculating else "none",
         }
-        if role == "target" and cfg.mode == "mtp":
+        if role == "target" and spec.section == "mtp":
             build["num_nextn_predict_layers"] = cfg.mtp.num_nextn_predict_layers if cfg.mtp else None
         inputs = {"backend": "torch", "role": role, "checkpoint": fingerprints[role]["digest"], "dtype": str(dtype)}
         inputs["build"] = build
@@ -166,16 +167,15 @@ def _hf_dtype(path: Path | None) -> str | None:
     return cfg.get("torch_dtype") or cfg.get("dtype")
 
 
-def _family(path: Path | None) -> str | None:
-    from trtspec.build.recipes import CONVERT_FAMILIES
-
+def _family(path: Path | None) -> Family | None:
     if path is None:
         return None  # resolved on the build host from the downloaded config.json
     arch = (read_hf_config(path).get("architectures") or ["?"])[0]
-    if arch not in CONVERT_FAMILIES:
-        known = ", ".join(sorted(CONVERT_FAMILIES))
+    family = convert_family(arch)
+    if family is None:
+        known = ", ".join(ENGINE_FAMILIES)
         raise UsageError(f"{path}: no TensorRT-LLM convert_checkpoint.py known for {arch} (have {known})")
-    return CONVERT_FAMILIES[arch]
+    return family
 
 
 def tensorrt_commands(
@@ -280,7 +280,7 @@ def refuse_unapplied_quantization(cfg: DeploymentConfig) -> None:
 def _pytorch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) -> list[Step]:
     refuse_unapplied_quantization(cfg)
     target, _ = _checkpoint(cfg, cfg.target)
-    draft = _checkpoint(cfg, cfg.draft)[0] if cfg.mode == "draft-target" and cfg.draft else None
+    draft = _checkpoint(cfg, cfg.draft)[0] if get_mode(cfg.mode).needs_draft and cfg.draft else None
     options = llm_api_options(cfg, k, draft)
     inputs = {
         "backend": "pytorch",
@@ -311,9 +311,10 @@ def serving_decisions(cfg: DeploymentConfig, k: int) -> dict[str, Any]:
     from trtspec.build.shared_gpu import shared_gpu_plan
 
     decisions: dict[str, Any] = {}
-    if cfg.mode == "draft-target" and cfg.build.backend in ("tensorrt", "torch"):
+    spec = get_mode(cfg.mode)
+    if spec.engine_draft_len(k) > k and cfg.build.backend in ("tensorrt", "torch"):
         decisions["target_max_draft_len"] = {
-            "value": engine_max_draft_len(k),
+            "value": spec.engine_draft_len(k),
             "num_draft_tokens": k,
             "why": "room for NVIDIA's documented num_draft_tokens 10; requests above it are refused",
         }

@@ -15,25 +15,16 @@ from typing import Any
 
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import UsageError
-from trtspec.versions import minor
+from trtspec.families import FAMILIES, MTP_FAMILIES, STANDARD, ConvertDialect, Family
+from trtspec.modes import get_mode
 
-# Hugging Face architecture -> the examples/ folder whose convert_checkpoint.py handles it.
-CONVERT_FAMILIES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen",
-    "Qwen3ForCausalLM": "qwen",
-}
 # quantization -> the ModelOpt --qformat of examples/quantization/quantize.py (NVIDIA's FP8 path).
 MODELOPT_QFORMATS = {"fp8": "fp8", "int4_awq": "int4_awq", "nvfp4": "nvfp4"}
 # quantization -> convert_checkpoint.py's weight-only precision.
 WEIGHT_ONLY = {"int8_weight_only": "int8", "int4_weight_only": "int4"}
-# NVIDIA's draft-target README builds the target with --max_draft_len=10 and its documented BLS request
-# sends num_draft_tokens 10: an engine built for exactly K refuses that request, so the target gets room
-# for at least this many drafts (a few KB of buffers per sequence) while the BLS default stays K.
-MAX_DRAFT_LEN_HEADROOM = 10
 # build_config.speculative_decoding_mode in an engine's config.json is SpeculativeDecodingMode, an
 # IntFlag serialised as its value: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2 (tensorrt_llm/models/modeling_utils.py).
+# Keyed by the --speculative_decoding_mode name a mode declares (SpecMode.engine_mode).
 ENGINE_SPEC_MODES = {"none": 1, "draft_tokens_external": 2}
 
 
@@ -60,9 +51,17 @@ def trt_dtype(section: ModelSection, checkpoint_dtype: str | None) -> str:
 
 
 def convert_command(
-    cfg: DeploymentConfig, section: ModelSection, model_dir: str, output_dir: str, family: str | None, dtype: str
+    cfg: DeploymentConfig,
+    section: ModelSection,
+    model_dir: str,
+    output_dir: str,
+    family: Family | None,
+    dtype: str,
 ) -> Command:
-    """convert_checkpoint.py (or ModelOpt's quantize.py): tp and pp are fixed here, not at trtllm-build."""
+    """convert_checkpoint.py (or ModelOpt's quantize.py): tp and pp are fixed here, not at trtllm-build.
+
+    `family` None is a hub id, resolved on the build host: it gets the standard spelling here, and the
+    emitted script picks each family's own from the downloaded config.json."""
     b = cfg.build
     parallel = ([f"--tp_size={b.tp}"] if b.tp > 1 else []) + ([f"--pp_size={b.pp}"] if b.pp > 1 else [])
     if section.quantization in MODELOPT_QFORMATS:
@@ -76,10 +75,45 @@ def convert_command(
             *parallel,
         ]
         return Command("quantization/quantize.py", tuple(args))
-    args = [f"--model_dir={model_dir}", f"--output_dir={output_dir}", f"--dtype={dtype}", *parallel]
+    d = family.dialect if family else STANDARD
+    args = [*d.fixed, f"{d.model_dir}={model_dir}", f"{d.output_dir}={output_dir}", f"{d.dtype}={dtype}"]
+    if b.tp > 1:
+        args.append(f"{d.tp}={b.tp}")
+    if b.pp > 1:
+        if d.pp is None:
+            raise UsageError(
+                f"{family.architecture if family else 'this family'}: its convert_checkpoint.py has no"
+                " pipeline parallelism; set build.pp to 1"
+            )
+        args.append(f"{d.pp}={b.pp}")
     if section.quantization in WEIGHT_ONLY:
-        args += ["--use_weight_only", f"--weight_only_precision={WEIGHT_ONLY[section.quantization]}"]
-    return Command("convert_checkpoint.py", tuple(args), family=family)
+        if d.weight_only is None:
+            name = family.architecture if family else "this family"
+            raise UsageError(
+                f"{name}: its convert_checkpoint.py has no weight-only flag trtspec knows; use fp8 or int4_awq"
+            )
+        flag, precision = d.weight_only
+        args += [flag, f"{precision}={WEIGHT_ONLY[section.quantization]}"]
+    return Command("convert_checkpoint.py", tuple(args), family=family.convert_folder if family else None)
+
+
+def convert_variants(
+    cfg: DeploymentConfig, section: ModelSection, model_dir: str, output_dir: str, dtype: str
+) -> list[tuple[tuple[str, ...], Command | str]]:
+    """For a hub id, whose family is known only once it is downloaded: the convert command of each argv
+    dialect, with the examples/ folders that speak it (a str says why that dialect cannot run this config)."""
+    by_dialect: dict[ConvertDialect, list[Family]] = {}
+    for family in FAMILIES:
+        if family.convert_folder:
+            by_dialect.setdefault(family.dialect, []).append(family)
+    variants: list[tuple[tuple[str, ...], Command | str]] = []
+    for families in by_dialect.values():
+        folders = tuple(dict.fromkeys(f.convert_folder for f in families if f.convert_folder))
+        try:
+            variants.append((folders, convert_command(cfg, section, model_dir, output_dir, families[0], dtype)))
+        except UsageError as exc:
+            variants.append((folders, str(exc)))
+    return variants
 
 
 def gemm_plugin(section: ModelSection, dtype: str) -> str:
@@ -88,17 +122,6 @@ def gemm_plugin(section: ModelSection, dtype: str) -> str:
     if section.quantization != "none":
         return "auto"
     return dtype
-
-
-def engine_max_draft_len(num_draft_tokens: int) -> int:
-    """The target engine's max_draft_len: K, or NVIDIA's documented 10 if that is more."""
-    return max(num_draft_tokens, MAX_DRAFT_LEN_HEADROOM)
-
-
-def draft_target_decoding_type(version: str) -> str:
-    """`speculative_config.decoding_type` for draft-target: 1.0 and 1.1 map the documented `DraftTarget`
-    in DecodingBaseConfig.from_dict; 1.2 validates a union discriminated on the literal `Draft_Target`."""
-    return "Draft_Target" if minor(version) >= "1.2" else "DraftTarget"
 
 
 def trtllm_build_command(
@@ -110,9 +133,10 @@ def trtllm_build_command(
     role: str,
     num_draft_tokens: int,
 ) -> Command:
-    """trtllm-build for one engine; only the target of draft-target speculates (README @ 567239fc)."""
+    """trtllm-build for one engine; only the target speculates (draft-target README @ 567239fc)."""
     b = cfg.build
-    speculating_target = role == "target" and cfg.mode == "draft-target"
+    engine_mode = get_mode(cfg.mode).engine_mode
+    speculating_target = role == "target" and engine_mode is not None
     args = [
         f"--checkpoint_dir={checkpoint_dir}",
         f"--output_dir={output_dir}",
@@ -120,14 +144,14 @@ def trtllm_build_command(
         "--use_paged_context_fmha=enable",
     ]
     if speculating_target:
-        args.append("--speculative_decoding_mode=draft_tokens_external")
+        args.append(f"--speculative_decoding_mode={engine_mode}")
     args.append(f"--max_batch_size={b.max_batch_size}")
     if speculating_target:
-        args.append(f"--max_draft_len={engine_max_draft_len(num_draft_tokens)}")
+        args.append(f"--max_draft_len={get_mode(cfg.mode).engine_draft_len(num_draft_tokens)}")
     args += [f"--max_input_len={b.max_input_len}", f"--max_seq_len={b.max_seq_len}"]
     if b.max_num_tokens is not None:
         args.append(f"--max_num_tokens={b.max_num_tokens}")
-    if cfg.mode == "draft-target":
+    if get_mode(cfg.mode).needs_draft:
         # NVIDIA's BLS asks both engines for generation logits when a request sets use_draft_logits (the
         # documented request does): without them that request fails, so both always keep them
         args.append("--gather_generation_logits")
@@ -143,26 +167,27 @@ def engine_expectations(
     write the mode's name, and also speculate with MTP, which compiled engines cannot.
     """
     b = cfg.build
-    speculating = role == "target" and cfg.mode != "none"
+    spec = get_mode(cfg.mode)
+    speculating = role == "target" and spec.speculates()
     want: dict[str, tuple[Any, str]] = {
         "build_config.max_batch_size": (b.max_batch_size, f"--max_batch_size={b.max_batch_size}"),
         "build_config.max_seq_len": (b.max_seq_len, f"--max_seq_len={b.max_seq_len}"),
     }
     if backend == "tensorrt":
         want["build_config.plugin_config.use_paged_context_fmha"] = (True, "--use_paged_context_fmha=enable")
-        if speculating:
+        if speculating and spec.engine_mode:
             want["build_config.speculative_decoding_mode"] = (
-                ENGINE_SPEC_MODES["draft_tokens_external"],
-                "--speculative_decoding_mode=draft_tokens_external",
+                ENGINE_SPEC_MODES[spec.engine_mode],
+                f"--speculative_decoding_mode={spec.engine_mode}",
             )
     elif speculating:
-        mode = "mtp" if cfg.mode == "mtp" else "draft_tokens_external"
+        mode = spec.torch_engine_mode
         want["build_config.speculative_decoding_mode"] = (mode, f"speculative mode {mode}")
     if speculating:
-        longest = engine_max_draft_len(num_draft_tokens) if cfg.mode == "draft-target" else num_draft_tokens
+        longest = spec.engine_draft_len(num_draft_tokens)
         flag = f"--max_draft_len={longest}" if backend == "tensorrt" else f"max_draft_len {longest}"
         want["build_config.max_draft_len"] = (longest, flag)
-    if backend == "tensorrt" and cfg.mode == "draft-target":
+    if backend == "tensorrt" and spec.needs_draft:
         want["build_config.gather_generation_logits"] = (True, "--gather_generation_logits")
     if vocab_size is not None:
         want["pretrained_config.vocab_size"] = (vocab_size, "the checkpoint's vocab_size (convert it again)")
@@ -184,12 +209,9 @@ def missing_flags(engine_config: dict[str, Any], want: dict[str, tuple[Any, str]
 def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_dir: str | None) -> dict[str, Any]:
     """The LLM API arguments (`trtllm-serve --extra_llm_api_options`, Triton's llmapi model.yaml).
 
-    Field names follow the configured version: 1.0 and 1.1 name the draft `speculative_model_dir`,
-    1.2 `speculative_model` (the old name stays an alias); through 1.2 MTP's depth is
-    `num_nextn_predict_layers`, which overwrites max_draft_len (1.3 renames it to max_draft_len).
+    The mode writes its own `speculative_config`, with the field names of the configured version.
     """
     b = cfg.build
-    version = minor(b.tensorrt_llm_version)
     options: dict[str, Any] = {
         "backend": "pytorch",
         "tensor_parallel_size": b.tp,
@@ -202,29 +224,13 @@ def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_di
         options["max_num_tokens"] = b.max_num_tokens
     options["kv_cache_config"] = {"free_gpu_memory_fraction": b.kv_cache_free_gpu_mem_fraction}
     options["enable_iter_perf_stats"] = True  # /metrics then reports specDecodingStats
-    if cfg.mode == "draft-target":
-        if draft_model_dir is None:
-            raise UsageError("mode draft-target needs draft.checkpoint")
-        options["disable_overlap_scheduler"] = True  # two-model speculation disables it anyway
-        model_key = "speculative_model" if version >= "1.2" else "speculative_model_dir"
-        options["speculative_config"] = {
-            "decoding_type": draft_target_decoding_type(b.tensorrt_llm_version),
-            "max_draft_len": num_draft_tokens,
-            model_key: draft_model_dir,
-        }
-    elif cfg.mode == "mtp":
-        spec: dict[str, Any] = {"decoding_type": "MTP"}
-        if version >= "1.3":
-            spec["max_draft_len"] = num_draft_tokens
-        else:
-            spec["num_nextn_predict_layers"] = num_draft_tokens
-        if cfg.mtp is not None and cfg.mtp.relaxed_acceptance:
-            spec.update(
-                use_relaxed_acceptance_for_thinking=True,
-                relaxed_topk=cfg.mtp.relaxed_topk,
-                relaxed_delta=cfg.mtp.relaxed_delta,
-            )
-        options["speculative_config"] = spec
+    spec = get_mode(cfg.mode)
+    if spec.needs_draft and draft_model_dir is None:
+        raise UsageError(f"mode {cfg.mode} needs draft.checkpoint")
+    options.update(spec.llm_api_extra)
+    speculative_config = spec.speculative_config(cfg, num_draft_tokens, draft_model_dir)
+    if speculative_config is not None:
+        options["speculative_config"] = speculative_config
     if "speculative_config" in options and cfg.speculation.max_concurrency is not None:
         options["speculative_config"]["max_concurrency"] = cfg.speculation.max_concurrency  # 1.2+, pytorch backend
     if deepseek_family(cfg):  # the baseline of an A/B gets the same serving recipe as MTP
@@ -234,9 +240,7 @@ def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_di
 
 def deepseek_family(cfg: DeploymentConfig) -> bool:
     """DeepSeek-V3/R1: MTP exists only for this family (support table); a local checkpoint says so itself."""
-    from trtspec.support import MTP_ARCHITECTURES
-
-    if cfg.mode == "mtp":
+    if get_mode(cfg.mode).section == "mtp":
         return True
     path = cfg.checkpoint_path(cfg.target)
     if path is None or not (path / "config.json").is_file():
@@ -245,7 +249,7 @@ def deepseek_family(cfg: DeploymentConfig) -> bool:
         architectures = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []
     except (OSError, ValueError):
         return False
-    return bool(set(architectures) & set(MTP_ARCHITECTURES))
+    return bool(set(architectures) & set(MTP_FAMILIES))
 
 
 def deepseek_serving_options(cfg: DeploymentConfig) -> dict[str, Any]:

@@ -24,9 +24,17 @@ from trtspec.build.builder import (
     resolve_num_draft_tokens,
     warm_up_fits_one_host,
 )
-from trtspec.build.recipes import CONVERT_FAMILIES, engine_expectations, llm_api_options, trtllm_serve_command
+from trtspec.build.recipes import (
+    convert_variants,
+    engine_expectations,
+    llm_api_options,
+    trt_dtype,
+    trtllm_serve_command,
+)
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import DeploymentConfig
+from trtspec.families import FAMILIES
+from trtspec.modes import get_mode
 from trtspec.versions import container_image
 
 VERIFY = """\
@@ -116,12 +124,23 @@ def _tensorrt_script(cfg: DeploymentConfig, k: int) -> list[str]:
         log = f'2>&1 | tee -a "$ENGINES/logs/{role}.log"'
         for command in tensorrt_commands(cfg, role, section, model_dir, k, "$WORK", staging):
             args = " ".join(_arg(a) for a in command.args)
-            if command.program == "convert_checkpoint.py":
-                family = command.family
-                if family is None:  # a hub id: the architecture is known once it is downloaded
-                    lines.append(f'family=$(python3 -c {_q(FAMILY)} "{model_dir}" {_q(json.dumps(CONVERT_FAMILIES))})')
-                    family = "$family"
-                lines.append(f"script=$(convert_script {family})")  # its own line, so a failed lookup stops set -e
+            if command.program == "convert_checkpoint.py" and command.family is None:
+                # a hub id: the architecture, so the script and its argv dialect, is known once it is downloaded
+                folders = {f.architecture: f.convert_folder for f in FAMILIES if f.convert_folder}
+                lines.append(f'family=$(python3 -c {_q(FAMILY)} "{model_dir}" {_q(json.dumps(folders))})')
+                lines.append('script=$(convert_script "$family")')  # its own line, so a failed lookup stops set -e
+                lines.append('case "$family" in')
+                dtype = trt_dtype(section, None)  # a hub id: nothing local to read its dtype from
+                for names, variant in convert_variants(cfg, section, model_dir, f"$WORK/{role}-ckpt", dtype):
+                    if isinstance(variant, str):
+                        lines.append(f"  {'|'.join(names)}) echo {_q(variant)} >&2; exit 1 ;;")
+                    else:
+                        lines.append(
+                            f'  {"|".join(names)}) python3 "$script" {" ".join(_arg(a) for a in variant.args)} {log} ;;'
+                        )
+                lines.append("esac")
+            elif command.program == "convert_checkpoint.py":
+                lines.append(f"script=$(convert_script {command.family})")  # its own line: a failed lookup stops
                 lines.append(f'python3 "$script" {args} {log}')
             elif command.is_script:
                 lines.append(f'python3 "$TRTLLM_EXAMPLES/{command.program}" {args} {log}')
@@ -151,7 +170,7 @@ def _pytorch_script(cfg: DeploymentConfig, k: int) -> list[str]:
         return str(path) if path else section.checkpoint
 
     target = model(cfg.target)
-    draft = model(cfg.draft) if cfg.mode == "draft-target" and cfg.draft else None
+    draft = model(cfg.draft) if get_mode(cfg.mode).needs_draft and cfg.draft else None
     options = yaml.safe_dump(llm_api_options(cfg, k, draft), sort_keys=False)
     out, staging = f"$ENGINES/{LLM_API_DIR}", f"$ENGINES/.staging-{LLM_API_DIR}"
     return [

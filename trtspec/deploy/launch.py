@@ -27,6 +27,7 @@ from trtspec.config import DeploymentConfig, load_config
 from trtspec.deploy.stages import FETCHED_MARKER, PREPARE_FAILED, Fetch, job_builds
 from trtspec.deploy.topology import CONFIG_PATH, orchestrated, topology
 from trtspec.errors import TrtspecError, UsageError
+from trtspec.modes import get_mode
 from trtspec.serve.server import ALL_INTERFACES, Ports
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
@@ -37,7 +38,7 @@ def trtllm_model_names(cfg: DeploymentConfig) -> list[str]:
     """The models ranks other than 0 load: TensorRT-LLM's own, in the repository contract's names."""
     if cfg.serve.flavour == "llmapi":
         return ["tensorrt_llm"]
-    return ["tensorrt_llm", "tensorrt_llm_draft"] if cfg.mode == "draft-target" else ["tensorrt_llm"]
+    return ["tensorrt_llm", "tensorrt_llm_draft"] if get_mode(cfg.mode).needs_draft else ["tensorrt_llm"]
 
 
 def rank_argv(

@@ -24,6 +24,7 @@ from trtspec.checkpoints.memory import DTYPE_BYTES, QUANT_BYTES, RUNTIME_RESERVE
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.deploy.topology import topology
 from trtspec.errors import ConfigError, shorten
+from trtspec.modes import get_mode
 
 GiB = 2**30
 GB = 1e9
@@ -201,7 +202,7 @@ class _Checkpoint:
 
 def _roles(cfg: DeploymentConfig) -> list[ModelSection]:
     """The checkpoints a deployment serves: check's roles (the draft only in draft-target mode)."""
-    return [cfg.target] + ([cfg.draft] if cfg.mode == "draft-target" and cfg.draft is not None else [])
+    return [cfg.target] + ([cfg.draft] if get_mode(cfg.mode).needs_draft and cfg.draft is not None else [])
 
 
 def _weight_files_bytes(path: Path) -> int:

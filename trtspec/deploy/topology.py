@@ -11,6 +11,7 @@ from pathlib import PurePosixPath
 
 from trtspec import __version__
 from trtspec.config import DeploymentConfig
+from trtspec.modes import get_mode
 from trtspec.versions import container_tag
 
 # Inside every container trtspec starts: the config, and the volume holding engines and repository.
@@ -35,7 +36,7 @@ class Topology:
 def orchestrated(cfg: DeploymentConfig) -> bool:
     """Compiled draft + target engines: NVIDIA launches them with --multi-model (orchestrator mode),
     one tritonserver that spawns the engines' workers itself, on one node only."""
-    return cfg.serve.flavour == "engine" and cfg.mode == "draft-target" and cfg.build.backend == "tensorrt"
+    return cfg.serve.flavour == "engine" and get_mode(cfg.mode).needs_draft and cfg.build.backend == "tensorrt"
 
 
 def topology(cfg: DeploymentConfig) -> Topology:

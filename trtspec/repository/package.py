@@ -30,6 +30,7 @@ from trtspec.build.torch_engine import read_engine_config
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import TrtspecError, UsageError
 from trtspec.fsutil import atomic_write_text, replace_dir
+from trtspec.modes import get_mode
 from trtspec.repository import contract, engine, llmapi
 from trtspec.repository.pbtxt import render
 
@@ -71,7 +72,7 @@ def _sampling(cfg: DeploymentConfig) -> dict:
 
 
 def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
-    draft = str(engines / "draft") if cfg.mode == "draft-target" else None
+    draft = str(engines / "draft") if get_mode(cfg.mode).needs_draft else None
     options = llm_api_options(cfg, k, draft)
     options.update(model=str(engines / "target"), backend="torch")  # NVIDIA's model would say pytorch
     if "speculative_config" in options:
@@ -111,7 +112,7 @@ def _torch_llmapi(cfg: DeploymentConfig, out: Path) -> None:
 
 def _engine_models(cfg: DeploymentConfig, p: engine.EngineParams, backend: str, draft_dir: str, extra: dict) -> dict:
     """name -> ModelConfig for the engine flavour, the same set and wiring for both engines."""
-    speculating = cfg.mode == "draft-target"
+    speculating = get_mode(cfg.mode).needs_draft  # the BLS orchestrates a draft engine
     models = {
         "ensemble": engine.ensemble_config(p),
         "preprocessing": engine.preprocessing_config(p),
@@ -137,7 +138,7 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
     b = cfg.build
     p = engine.EngineParams(
         max_batch_size=b.max_batch_size,
-        decoupled=cfg.serve.streaming and cfg.mode != "draft-target",
+        decoupled=cfg.serve.streaming and get_mode(cfg.mode).engine_streams,
         engine_dir=str(engines / "target"),
         tokenizer_dir=str(engines / "target"),
         instances=cfg.serve.instances,
@@ -148,8 +149,9 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
         "trtspec_max_seq_len": str(b.max_seq_len),
         "trtspec_sampling": json.dumps(_sampling(cfg)),
     }
-    target = {**common, "trtspec_mode": "mtp" if cfg.mode == "mtp" else "none"}
-    if cfg.mode == "mtp":
+    spec = get_mode(cfg.mode)
+    target = {**common, "trtspec_mode": cfg.mode if spec.in_target else "none"}  # the target engine drafts itself
+    if spec.in_target:
         target["trtspec_num_draft_tokens"] = str(manifest.num_draft_tokens or 1)
         target["trtspec_policy"] = cfg.speculation.resolved_policy(cfg.build.backend)
         if cfg.speculation.max_concurrency is not None:
@@ -188,7 +190,7 @@ def _nvidia_engine(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: s
     """tensorrt backend: NVIDIA's inflight_batcher_llm python models beside the tensorrtllm backend."""
     b = cfg.build
     engines = f"{root}/engines/{cfg.name}"
-    speculating = cfg.mode == "draft-target"
+    speculating = get_mode(cfg.mode).needs_draft
     share = shared_gpu_plan(cfg)
     p = engine.EngineParams(
         max_batch_size=b.max_batch_size,
@@ -210,7 +212,7 @@ def _nvidia_llmapi(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: s
     """pytorch backend: NVIDIA's llmapi model with model.yaml (LLM() arguments + triton_config)."""
     refuse_unapplied_quantization(cfg)
     k = resolve_num_draft_tokens(cfg, engine_dir_for(cfg))
-    draft = _container_checkpoint(cfg.draft, "draft", root) if cfg.draft and cfg.mode == "draft-target" else None
+    draft = _container_checkpoint(cfg.draft, "draft", root) if cfg.draft and get_mode(cfg.mode).needs_draft else None
     options = llm_api_options(cfg, k, draft)
     target = _container_checkpoint(cfg.target, "target", root)
     options = llmapi.model_yaml({"model": target, **options}, cfg.serve.streaming)

@@ -6,20 +6,21 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import UsageError
+from trtspec.modes import mode_for_decoding_type
 from trtspec.speculative.batch import BatchEngine
 from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
 from trtspec.speculative.runner import SpeculativeRunner
 
-DECODING_MODES = {"DraftTarget": "draft-target", "Draft_Target": "draft-target", "MTP": "mtp"}
-
 
 def decoding_mode(options: dict[str, Any]) -> str:
-    """trtspec's name for the LLM API options' speculative mode: draft-target, mtp or none."""
+    """trtspec's name for the LLM API options' speculative mode (the registry's, or none)."""
     spec = options.get("speculative_config") or {}
-    mode = DECODING_MODES.get(spec.get("decoding_type", ""), "none") if spec else "none"
-    if spec and mode == "none":
+    if not spec:
+        return "none"
+    mode = mode_for_decoding_type(str(spec.get("decoding_type", "")))
+    if mode is None:
         raise UsageError(f"speculative_config.decoding_type {spec.get('decoding_type')!r} is not one trtspec runs")
-    return mode
+    return mode.name
 
 
 def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, dict[str, Any]]:

@@ -166,8 +166,8 @@ class TensorRTLLMModel(BatchedPythonModel):
         engine_dir = Path(p["gpt_model_path"])
         device = resolve_device(p.get("trtspec_device", "auto"))
         max_len = int(p.get("trtspec_max_seq_len", "2048"))
-        mode = "mtp" if p.get("trtspec_mode") == "mtp" else "none"  # MTP lives in the target: it speculates here
-        k = int(p.get("trtspec_num_draft_tokens", "1")) if mode == "mtp" else 0
+        mode = p.get("trtspec_mode", "none")  # a mode whose drafter lives in the target speculates here
+        k = int(p.get("trtspec_num_draft_tokens", "1")) if mode != "none" else 0
 
         def build():  # on the engine thread: see engine_loop
             if device == "cpu" and p.get("trtspec_cpu_threads"):
@@ -193,7 +193,7 @@ class TensorRTLLMModel(BatchedPythonModel):
         self.exclude_input = p.get("exclude_input_in_output", "False").lower() == "true"
         self.declared = [tensor["name"] for tensor in config.get("input", [])]
         self.max_draft_len = int(read_engine_config(engine_dir).get("build_config", {}).get("max_draft_len") or 0)
-        self.speculates = mode == "mtp"
+        self.speculates = mode != "none"
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
         self.metrics.start(len(self.engine.rows) * self.engine.capacity)
         self.loop.on_step = self.metrics.batch

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from trtspec.errors import UsageError
-from trtspec.speculative.drafters import Drafter, DraftModelDrafter, MTPDrafter, NgramDrafter
+from trtspec.modes import REGISTRY, RUNNER_MODES, SpecMode
+from trtspec.speculative.drafters import NgramDrafter
 from trtspec.speculative.model import Transformer, load_transformer
 from trtspec.speculative.planted import planted_from_env, planted_verify
 from trtspec.speculative.runner import SpeculativeRunner
@@ -16,7 +17,12 @@ from trtspec.speculative.runner import SpeculativeRunner
 if TYPE_CHECKING:
     from trtspec.config import DeploymentConfig
 
-RUNNER_MODES = ("none", "draft-target", "mtp", "ngram")
+
+def runner_mode(mode: str) -> SpecMode | None:
+    """The registry's mode, or None for the runner-only n-gram drafter."""
+    if mode not in RUNNER_MODES:
+        raise UsageError(f"mode must be one of {', '.join(RUNNER_MODES)}, got {mode!r}")
+    return REGISTRY.get(mode)
 
 
 def resolve_device(device: str) -> str:
@@ -49,26 +55,17 @@ def load_runner(
 
     `planted` names a wrong verification rule (trtspec.speculative.planted) for checking the
     lossless check; without it the environment's TRTSPEC_PLANTED_BUG decides, normally unset."""
-    if mode not in RUNNER_MODES:
-        raise UsageError(f"mode must be one of {', '.join(RUNNER_MODES)}, got {mode!r}")
+    spec = runner_mode(mode)
     target = target or load_transformer(target_path, dtype=dtype, device=device, max_len=max_len, mtp_layers=mtp_layers)
-    drafter: Drafter | None = None
-    if mode == "draft-target":
+    draft = None
+    if spec is not None and spec.needs_draft:
         if draft_path is None:
-            raise UsageError("mode draft-target needs a draft checkpoint")
+            raise UsageError(f"mode {mode} needs a draft checkpoint")
         draft = load_transformer(draft_path, dtype=dtype, device=device, max_len=max_len)
-        if draft.dims.vocab_size != target.dims.vocab_size:
-            raise UsageError(
-                f"draft vocab_size {draft.dims.vocab_size} != target vocab_size "
-                f"{target.dims.vocab_size}; run `trtspec check` on the pair"
-            )
-        drafter = DraftModelDrafter(draft)
-    elif mode == "mtp":
-        if target.dims.num_mtp_layers == 0:
-            raise UsageError(f"{target_path}: no MTP layers (config.json num_nextn_predict_layers is 0 or absent)")
-        drafter = MTPDrafter(target, mtp_layers)
-    elif mode == "ngram":
-        drafter = NgramDrafter()
+    try:
+        drafter = NgramDrafter() if spec is None else spec.drafter(target, draft, mtp_layers)
+    except UsageError as exc:
+        raise UsageError(f"{target_path}: {exc}") from None
     verify_fn = planted_verify(planted) if planted else planted_from_env()
     return SpeculativeRunner(target, drafter, num_draft_tokens=num_draft_tokens, max_len=max_len, verify_fn=verify_fn)
 
@@ -92,7 +89,7 @@ def runner_for(
             "directory (download it first)"
         )
     draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft else None
-    if mode == "draft-target" and cfg.draft is not None and draft_path is None:
+    if mode in REGISTRY and REGISTRY[mode].needs_draft and cfg.draft is not None and draft_path is None:
         raise UsageError(f"draft.checkpoint {cfg.draft.checkpoint} is a hub id; download it first")
     device = resolve_device(cfg.build.device)
     return load_runner(

@@ -24,8 +24,9 @@ from torch import nn
 
 from trtspec.checkpoints.inspect import VOCAB_ROWS_FIX, read_hf_config, vocab_rows_message
 from trtspec.errors import UsageError
+from trtspec.families import TORCH_RUNNER_FAMILIES
 
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+SUPPORTED_ARCHITECTURES = set(TORCH_RUNNER_FAMILIES)  # trtspec.families: the one table
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,42 @@
+"""The registry of speculative modes: each stage asks the mode, never compares its name."""
+
+from __future__ import annotations
+
+from trtspec.errors import UsageError
+from trtspec.modes.base import BACKENDS, SpecMode, Support
+from trtspec.modes.draft_target import DraftTarget
+from trtspec.modes.mtp import MTP
+from trtspec.modes.none import NoSpeculation
+
+REGISTRY: dict[str, SpecMode] = {m.name: m for m in (DraftTarget(), MTP(), NoSpeculation())}
+MODE_NAMES: tuple[str, ...] = tuple(REGISTRY)
+# what the torch runner can run: the registry's modes, and n-gram lookup as a runner-only drafter that
+# bench and generate compare against them
+RUNNER_MODES: tuple[str, ...] = (*MODE_NAMES, "ngram")
+
+
+def get_mode(name: str) -> SpecMode:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UsageError(f"mode must be one of {', '.join(MODE_NAMES)}, got {name!r}") from None
+
+
+def mode_for_decoding_type(decoding_type: str) -> SpecMode | None:
+    """The mode a served `speculative_config.decoding_type` names (any version's spelling)."""
+    for mode in REGISTRY.values():
+        if decoding_type in mode.decoding_types:
+            return mode
+    return None
+
+
+__all__ = [
+    "BACKENDS",
+    "MODE_NAMES",
+    "REGISTRY",
+    "RUNNER_MODES",
+    "SpecMode",
+    "Support",
+    "get_mode",
+    "mode_for_decoding_type",
+]

@@ -1,0 +1,108 @@
+"""A speculative mode as one object: every fact a stage needs about it is declared on its class.
+
+TensorRT-LLM models `speculative_config` as one class per mode (tensorrt_llm/llmapi/llm_args.py); trtspec
+does the same for the whole pipeline, so adding a mode is one module here plus its tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trtspec.versions import at_least
+
+if TYPE_CHECKING:
+    from trtspec.check import Report
+    from trtspec.checkpoints.inspect import CheckpointInfo
+    from trtspec.config import DeploymentConfig
+    from trtspec.speculative.drafters import Drafter
+    from trtspec.speculative.model import Transformer
+
+BACKENDS = ("tensorrt", "pytorch", "torch")  # compiled engines, TensorRT-LLM's LLM API, trtspec's runner
+
+
+@dataclass(frozen=True)
+class Support:
+    """Where a mode exists on one backend; `versions == ()` records that it does not exist there."""
+
+    mode: str
+    backend: str
+    versions: tuple[str, ...] | None  # minor releases where it exists; None: needs no TensorRT-LLM
+    min_sm: float | None  # minimum compute capability; None: no GPU needed
+    architectures: tuple[str, ...] | None  # None: any the backend runs
+    unverified_architectures: tuple[str, ...] = ()  # reported to work, not in the docs' table
+    note: str = ""
+
+    @property
+    def exists(self) -> bool:
+        return self.versions is None or bool(self.versions)
+
+
+class SpecMode:
+    """One speculative mode. Subclasses set the class variables and override what they add."""
+
+    name: ClassVar[str]
+    support: ClassVar[tuple[Support, ...]]  # one row per backend in BACKENDS
+    needs_draft: ClassVar[bool] = False  # a second checkpoint: the `draft` section and a draft engine/model
+    in_target: ClassVar[bool] = False  # the target drafts by itself (MTP layers, heads): one engine, no draft model
+    refuses_draft: ClassVar[bool] = False  # a `draft` section is a mistake (the drafter is elsewhere)
+    section: ClassVar[str | None] = None  # the DeploymentConfig field holding this mode's own settings
+    decoding_types: ClassVar[tuple[str, ...]] = ()  # speculative_config.decoding_type spellings it reads back
+    engine_mode: ClassVar[str | None] = None  # trtllm-build --speculative_decoding_mode of the target engine
+    torch_engine_mode: ClassVar[str | None] = None  # the mode trtspec's torch engine stand-ins record
+    engine_streams: ClassVar[bool] = True  # the engine flavour can stream it (the BLS loop cannot)
+    llm_api_extra: ClassVar[dict[str, Any]] = {}  # LLM API options the mode sets besides speculative_config
+    default_k: ClassVar[int] = 4  # what `trtspec init` writes
+
+    def row(self, backend: str) -> Support:
+        for row in self.support:
+            if row.backend == backend:
+                return row
+        raise KeyError((self.name, backend))
+
+    def where(self) -> str:
+        """Where the mode exists, for errors that refuse it elsewhere: 'pytorch (TensorRT-LLM 1.0-1.2), torch'."""
+        places = []
+        for row in self.support:
+            if not row.exists:
+                continue
+            if row.versions is None:
+                places.append(row.backend)
+            else:
+                span = row.versions[0] if len(row.versions) == 1 else f"{row.versions[0]}-{row.versions[-1]}"
+                places.append(f"{row.backend} (TensorRT-LLM {span})")
+        return ", ".join(places)
+
+    def engine_draft_len(self, k: int) -> int:
+        """The target engine's max_draft_len for K drafts per step."""
+        return k
+
+    def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
+        """Config rules of this mode beyond the common ones (field, fix)."""
+        return []
+
+    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
+        """The mode's own config sections as `trtspec init` writes them, from the target's config.json."""
+        return {}
+
+    def check(
+        self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
+    ) -> None:
+        """What `trtspec check` verifies for this mode beyond the common checks (support, tokenizers, limits)."""
+
+    def speculative_config(self, cfg: DeploymentConfig, k: int, draft_dir: str | None) -> dict[str, Any] | None:
+        """The LLM API's `speculative_config` for the configured TensorRT-LLM version (None: no speculation)."""
+        return None
+
+    def drafter(self, target: Transformer, draft: Transformer | None, cfg_layers: int | None) -> Drafter | None:
+        """The torch runner's drafter (None: plain decoding)."""
+        return None
+
+    def speculates(self) -> bool:
+        return True
+
+
+def draft_model_key(version: str) -> str:
+    """1.0 and 1.1 name the draft checkpoint `speculative_model_dir`; 1.2 `speculative_model` (the old name
+    stays an alias) (llm_args.py DecodingBaseConfig, ref trtllm §2.2)."""
+    return "speculative_model" if at_least(version, "1.2") else "speculative_model_dir"
