@@ -1,0 +1,233 @@
+"""The mode registry and the family table: every fact defined once, every stage reading it, and every mode
+walked from `trtspec init` to a repository and manifests on each backend it claims."""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+from tiny_models import make_checkpoint
+
+from trtspec.build import recipes
+from trtspec.cli import cli, generate, init
+from trtspec.config import Mode, load_config, validate_config
+from trtspec.errors import ConfigError, UsageError
+from trtspec.families import BY_ARCHITECTURE, ENGINE_FAMILIES, FAMILIES, convert_family
+from trtspec.modes import BACKENDS, MODE_NAMES, REGISTRY, RUNNER_MODES, SpecMode, get_mode
+from trtspec.repository.serving import decoding_mode
+from trtspec.support import TABLE
+from trtspec.versions import TRTLLM_CONTAINERS, at_least, supported_minors
+
+# a hub id per architecture the walk needs on NVIDIA's backends (never downloaded: hub ids stay as they are)
+HUB_IDS = {"LlamaForCausalLM": "meta-llama/Llama-3.3-70B-Instruct", "DeepseekV3ForCausalLM": "deepseek-ai/DeepSeek-R1"}
+CLAIMED = [(m.name, row.backend) for m in REGISTRY.values() for row in m.support if row.exists]
+
+
+def test_every_mode_has_one_row_per_backend_and_the_names_agree_everywhere():
+    for mode in REGISTRY.values():
+        assert [row.backend for row in mode.support] == list(BACKENDS), mode.name
+        assert all(row.mode == mode.name for row in mode.support), mode.name
+        assert mode.where(), f"{mode.name} exists nowhere"
+    assert typing.get_args(Mode) == MODE_NAMES
+    assert tuple(next(p for p in init.params if p.name == "mode").type.choices) == MODE_NAMES
+    assert tuple(next(p for p in generate.params if p.name == "mode").type.choices) == RUNNER_MODES
+    assert set(MODE_NAMES) <= set(RUNNER_MODES)
+    assert tuple(row for m in REGISTRY.values() for row in m.support) == TABLE
+    spellings = [t for m in REGISTRY.values() for t in m.decoding_types]
+    assert len(spellings) == len(set(spellings)), "two modes claim one decoding_type"
+
+
+@pytest.mark.parametrize("version", list(TRTLLM_CONTAINERS))
+@pytest.mark.parametrize("name", [m.name for m in REGISTRY.values() if m.row("pytorch").exists])
+def test_what_a_mode_writes_for_each_version_reads_back_as_that_mode(name, version):
+    """The served side parses every spelling the build side writes, version by version."""
+    mode = get_mode(name)
+    data = {
+        "name": "walk",
+        "target": {"checkpoint": HUB_IDS["LlamaForCausalLM"]},
+        "speculation": {"mode": name, "num_draft_tokens": 3},
+        "build": {"backend": "pytorch", "tensorrt_llm_version": version},
+        "serve": {"flavour": "llmapi"},
+    }
+    if mode.needs_draft:
+        data["draft"] = {"checkpoint": "meta-llama/Llama-3.2-1B-Instruct"}
+    options = recipes.llm_api_options(validate_config(data), 3, "/draft" if mode.needs_draft else None)
+    assert decoding_mode(options) == name
+    spec = options.get("speculative_config")
+    assert (spec is not None) == mode.speculates()
+    if spec is not None:
+        assert spec["decoding_type"] in mode.decoding_types
+        draft_keys = {"speculative_model", "speculative_model_dir"} & set(spec)
+        assert draft_keys == (
+            {"speculative_model" if at_least(version, "1.2") else "speculative_model_dir"}
+            if mode.needs_draft
+            else set()
+        )
+
+
+def test_versions_compare_as_releases_not_strings():
+    assert at_least("1.10.0", "1.2") and not at_least("1.1.0", "1.2") and at_least("1.2.1", "1.2")
+    assert supported_minors() == ("1.0", "1.1", "1.2")
+
+
+def test_a_mode_on_a_backend_it_lacks_is_refused_naming_where_it_exists():
+    data = {
+        "name": "m",
+        "target": {"checkpoint": HUB_IDS["DeepseekV3ForCausalLM"]},
+        "speculation": {"mode": "mtp"},
+        "build": {"backend": "tensorrt"},
+    }
+    with pytest.raises(ConfigError) as err:
+        validate_config(data)
+    message = str(err.value)
+    assert "build.backend" in message and "mode mtp does not exist on backend tensorrt" in message
+    assert get_mode("mtp").where() in message and "pytorch (TensorRT-LLM 1.0-1.2)" in message
+
+
+# --- families: what check accepts, build converts -------------------------------------------------------------
+
+
+def test_every_family_check_accepts_for_engines_has_a_convert_recipe():
+    claimed = {a for row in TABLE if row.backend == "tensorrt" and row.architectures for a in row.architectures}
+    assert claimed == set(ENGINE_FAMILIES)
+    for arch in claimed:
+        family = convert_family(arch)
+        assert family is not None and family.convert_folder, arch
+    assert {f.architecture for f in FAMILIES if f.torch_runner} == set(get_mode("none").row("torch").architectures)
+
+
+def _engine_config(tmp_path: Path, arch: str, **build) -> tuple:
+    ckpt = make_checkpoint(tmp_path / arch)
+    hf = json.loads((ckpt / "config.json").read_text())
+    hf["architectures"] = [arch]
+    (ckpt / "config.json").write_text(json.dumps(hf))
+    cfg = validate_config(
+        {
+            "name": "fam",
+            "target": {"checkpoint": str(ckpt)},
+            "speculation": {"mode": "none"},
+            "build": {"backend": "tensorrt", **build},
+            "serve": {"flavour": "engine", "streaming": False},
+        },
+    )
+    return cfg, ckpt
+
+
+def test_gemma_2_converts_with_its_own_scripts_flags(tmp_path):
+    """examples/models/core/gemma/convert_checkpoint.py: --ckpt-type hf, dashed names, TP as --world-size."""
+    from trtspec.build.builder import tensorrt_commands
+
+    cfg, ckpt = _engine_config(tmp_path, "Gemma2ForCausalLM", tp=2)
+    convert, build = tensorrt_commands(cfg, "target", cfg.target, str(ckpt), 0, "/w", "/out")
+    assert convert.family == "gemma"
+    assert convert.args == (
+        "--ckpt-type=hf",
+        f"--model-dir={ckpt}",
+        "--output-model-dir=/w/target-ckpt",
+        "--dtype=float32",
+        "--world-size=2",
+    )
+    assert build.program == "trtllm-build" and "--checkpoint_dir=/w/target-ckpt" in build.args
+
+
+@pytest.mark.parametrize(("arch", "folder"), [("Phi3ForCausalLM", "phi"), ("Gemma2ForCausalLM", "gemma")])
+def test_a_family_without_pipeline_parallelism_is_refused_in_one_line(tmp_path, arch, folder):
+    from trtspec.build.builder import tensorrt_commands
+
+    cfg, ckpt = _engine_config(tmp_path, arch, pp=2)
+    assert convert_family(arch).convert_folder == folder
+    with pytest.raises(UsageError, match=f"{arch}: its convert_checkpoint.py has no pipeline parallelism"):
+        tensorrt_commands(cfg, "target", cfg.target, str(ckpt), 0, "/w", "/out")
+
+
+def test_nemotron_and_mixtral_go_through_the_scripts_nvidia_names():
+    assert convert_family("NemotronForCausalLM").convert_folder == "gpt"
+    assert convert_family("MixtralForCausalLM").convert_folder == "llama"
+    assert convert_family("DeepseekV3ForCausalLM") is None  # MTP on the LLM API only: no compiled engine
+
+
+def test_a_hub_id_gets_each_familys_argv_once_its_config_is_downloaded(tmp_path, runner, monkeypatch):
+    """The emitted script cannot know a hub id's family in advance: it branches on the downloaded one."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "hub.yaml"
+    data = {
+        "name": "hub",
+        "target": {"checkpoint": "google/gemma-2-9b-it"},
+        "speculation": {"mode": "none"},
+        "build": {"backend": "tensorrt", "pp": 2, "tp": 2},
+        "serve": {"flavour": "engine", "streaming": False},
+        "deploy": {"gpus_per_node": 4},
+    }
+    config.write_text(yaml.safe_dump(data))
+    script = tmp_path / "build.sh"
+    res = runner.invoke(cli, ["build", str(config), "--emit-script", str(script), "--no-package"])
+    assert res.exit_code == 0, res.output
+    text = script.read_text()
+    assert 'case "$family" in' in text
+    gemma = next(line for line in text.splitlines() if line.lstrip().startswith("gemma)"))
+    assert "exit 1" in gemma and "no pipeline parallelism" in gemma  # pp 2 cannot run there
+    llama = next(line for line in text.splitlines() if line.lstrip().startswith("llama|"))
+    assert "--model_dir=" in llama and "--tp_size=2" in llama and "--pp_size=2" in llama
+    assert {"llama", "qwen", "gpt"} <= set(llama.strip().split(")")[0].split("|"))
+
+
+# --- the walk: every mode, every backend it claims ------------------------------------------------------------
+
+
+def _overridden(mode: SpecMode, method: str) -> bool:
+    return getattr(type(mode), method) is not getattr(SpecMode, method)
+
+
+@pytest.mark.parametrize(("name", "backend"), CLAIMED)
+def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, runner, tmp_path, monkeypatch):
+    """init -> validate -> check (local checkpoints) -> build plan or script -> repository -> k8s manifests,
+    and the docs: a mode missing any of them fails here."""
+    from trtspec.deploy import k8s
+
+    monkeypatch.chdir(tmp_path)
+    mode = get_mode(name)
+    row = mode.row(backend)
+    if backend == "torch":
+        target, draft = "embedded:tiny-target", "embedded:tiny-draft"
+    else:
+        arch = next((a for a in (row.architectures or ("LlamaForCausalLM",)) if a in HUB_IDS), None)
+        assert arch is not None, f"add a hub id for one of {row.architectures} to HUB_IDS"
+        target, draft = HUB_IDS[arch], "meta-llama/Llama-3.2-1B-Instruct"
+    args = ["init", "--target", target, "--mode", name, "--backend", backend, "--name", "walk", "--out", "walk.yaml"]
+    res = runner.invoke(cli, args + (["--draft", draft] if mode.needs_draft else []))
+    assert res.exit_code == 0, res.output
+    cfg = load_config(tmp_path / "walk.yaml")
+    assert cfg.mode == name and cfg.build.backend == backend
+    if backend == "torch":
+        res = runner.invoke(cli, ["check", "walk.yaml"])
+        assert res.exit_code == 0, res.output
+        res = runner.invoke(cli, ["build", "walk.yaml", "--dry-run"])
+        assert res.exit_code == 0 and f"mode {name}" in res.output, res.output
+        assert ("draft (would build)" in res.output) == mode.needs_draft
+        assert not mode.speculates() or _overridden(mode, "drafter"), f"{name} has no torch drafter"
+    else:
+        res = runner.invoke(cli, ["build", "walk.yaml", "--emit-script", "build.sh"])
+        assert res.exit_code == 0, res.output
+        repo = tmp_path / "model_repository" / "walk"
+        if cfg.serve.flavour == "engine":
+            assert (repo / "tensorrt_llm_draft").is_dir() == mode.needs_draft
+            assert f"--speculative_decoding_mode={mode.engine_mode}" in (tmp_path / "build.sh").read_text() or (
+                mode.engine_mode is None
+            )
+        else:
+            options = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+            assert decoding_mode(options) == name
+    manifests = k8s.render(cfg)
+    assert manifests, "no manifests"
+    docs = (REPO / "docs" / "modes.md").read_text()
+    assert f"## `{name}`" in docs, f"docs/modes.md has no section for {name}"
+
+
+def test_the_family_table_is_the_runners_too():
+    from trtspec.speculative.model import SUPPORTED_ARCHITECTURES
+
+    assert {a for a, f in BY_ARCHITECTURE.items() if f.torch_runner} == SUPPORTED_ARCHITECTURES
