@@ -231,3 +231,57 @@ def test_the_family_table_is_the_runners_too():
     from trtspec.speculative.model import SUPPORTED_ARCHITECTURES
 
     assert {a for a, f in BY_ARCHITECTURE.items() if f.torch_runner} == SUPPORTED_ARCHITECTURES
+
+
+# --- n-gram ---------------------------------------------------------------------------------------------------
+
+
+def test_ngram_writes_nvidias_documented_config_with_every_field_out():
+    """NGramDecodingConfig (llm_args.py; the feature doc's example: max_draft_len 3, max_matching_ngram_size 4,
+    disable_overlap_scheduler). Every field is written: 1.0/1.1-era code defaults the match size to 0."""
+    cfg = load_config(REPO / "configs" / "llama-3.1-8b-ngram.yaml")
+    options = recipes.llm_api_options(cfg, 3, None)
+    assert options["speculative_config"] == {
+        "decoding_type": "NGram",
+        "max_draft_len": 3,
+        "max_matching_ngram_size": 4,
+        "is_keep_all": True,
+        "is_use_oldest": True,
+        "is_public_pool": True,
+    }
+    assert options["disable_overlap_scheduler"] is True
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        ({"draft": {"checkpoint": "meta-llama/Llama-3.2-1B-Instruct"}}, "draft", "not used with speculation.mode"),
+        ({"mtp": {"num_nextn_predict_layers": 1}}, "mtp", "only used with speculation.mode mtp"),
+        ({"ngram": {"is_public_pool": False}}, "ngram", "is_public_pool: TensorRT-LLM's pool options"),
+        ({"build": {"backend": "tensorrt"}}, "build.backend", "mode ngram does not exist on backend tensorrt"),
+    ],
+)
+def test_ngram_configs_that_cannot_mean_anything_are_refused(change, field, message):
+    data = {
+        "name": "ng",
+        "target": {"checkpoint": "embedded:tiny-target"},
+        "speculation": {"mode": "ngram"},
+        "build": {"backend": "torch"},
+    }
+    with pytest.raises(ConfigError) as err:
+        validate_config({**data, **change})
+    assert f"{field}: " in str(err.value) and message in str(err.value)
+
+
+def test_the_served_torch_runner_reads_the_ngram_size_nvidias_yaml_carries(tmp_path):
+    from trtspec.repository.serving import runner_from_model_yaml
+    from trtspec.speculative.drafters import NgramDrafter
+
+    cfg = load_config(REPO / "configs" / "tiny-ngram.yaml")
+    data = cfg.model_dump(mode="json")
+    data["ngram"]["max_matching_ngram_size"] = 5
+    options = recipes.llm_api_options(validate_config(data, REPO / "configs" / "x.yaml"), 2, None)
+    options["model"] = str(cfg.checkpoint_path(cfg.target))
+    runner, _ = runner_from_model_yaml(options)
+    assert isinstance(runner.drafter, NgramDrafter) and runner.drafter.max_ngram == 5
+    assert runner.num_draft_tokens == 2

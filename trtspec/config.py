@@ -90,6 +90,17 @@ class MTPSection(_Section):
     relaxed_delta: Float = Field(default=0.0, ge=0.0, le=1.0)
 
 
+class NGramSection(_Section):
+    """N-gram settings, with TensorRT-LLM's NGramDecodingConfig names (trtspec.modes.ngram)."""
+
+    max_matching_ngram_size: PositiveInt = Field(
+        default=3, le=64, description="longest suffix of the sequence looked up in earlier tokens"
+    )
+    is_keep_all: bool = Field(default=True, description="TensorRT-LLM's pool: keep every candidate of a prefix")
+    is_use_oldest: bool = Field(default=True, description="TensorRT-LLM's pool: propose the oldest candidate")
+    is_public_pool: bool = Field(default=True, description="TensorRT-LLM's pool: one pool shared by all requests")
+
+
 class SamplingSection(_Section):
     """Defaults for requests that do not say; temperature 0 means greedy."""
 
@@ -267,6 +278,7 @@ class DeploymentConfig(_Section):
     target: ModelSection
     draft: ModelSection | None = None
     mtp: MTPSection | None = None
+    ngram: NGramSection | None = None
     speculation: SpeculationSection = SpeculationSection()
     build: BuildSection = BuildSection()
     serve: ServeSection = ServeSection()
@@ -287,15 +299,20 @@ class DeploymentConfig(_Section):
         """The local directory of a checkpoint, or None for a hub id (fetched on the GPU host)."""
         return resolve_checkpoint(section.checkpoint, self.base_dir)
 
+    def _unused_sections(self) -> set[str]:
+        """Mode sections left out: a mode added to trtspec must not change the hash of configs that
+        never name it (their pods would roll, their builds rerun, for nothing)."""
+        return {m.section for m in REGISTRY.values() if m.section and getattr(self, m.section) is None}
+
     def digest(self) -> str:
         """A stable hash of the effective settings, for build manifests."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        text = json.dumps(self.model_dump(mode="json", exclude=self._unused_sections()), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def serving_digest(self) -> str:
         """A hash of what the served repository is made from (everything but `deploy`): pods roll, and a
         repository is rebuilt, when it changes, not when an alert threshold or the HPA's bounds do."""
-        text = json.dumps(self.model_dump(mode="json", exclude={"deploy"}), sort_keys=True)
+        text = json.dumps(self.model_dump(mode="json", exclude={"deploy", *self._unused_sections()}), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
 

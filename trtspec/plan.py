@@ -179,15 +179,18 @@ def gpu_costs(cfg: DeploymentConfig, gpu: str, probe_k: int, batches: list[int],
     b = cfg.build
     target = read_checkpoint(_local(cfg, "target"))
     tm = model_memory(target.config, cfg.target.dtype, cfg.target.quantization, b.backend, b.tp, b.pp)
-    if get_mode(cfg.mode).needs_draft:
+    mode = get_mode(cfg.mode)
+    if mode.needs_draft:
         draft = read_checkpoint(_local(cfg, "draft"))
         dm = model_memory(draft.config, cfg.draft.dtype, cfg.draft.quantization, b.backend, b.tp, b.pp)
         d_bytes, d_kv, d_params = dm.weight_bytes_per_gpu, dm.kv_bytes_per_token_per_gpu, dm.params
-    else:  # one MTP layer: roughly a trunk layer plus the projection, sharing embedding and head
+    elif mode.in_target:  # one MTP layer: roughly a trunk layer plus the projection, sharing embedding and head
         layers = target.config["num_hidden_layers"]
         d_bytes = tm.weight_bytes_per_gpu / layers
         d_kv = tm.kv_bytes_per_token_per_gpu / (layers + 1)
         d_params = tm.params / layers
+    else:  # drafting without a model (n-gram lookup) reads no weights: its time is the host's, not the GPU's
+        d_bytes, d_kv, d_params = 0.0, 0.0, 0
     bw, flops = spec["bandwidth_gbs"] * 1e9, spec["tflops"] * 1e12 * b.tp * b.pp
 
     def step(weights: float, kv: float, params: int, batch: int, tokens: int) -> float:

@@ -103,6 +103,17 @@ KNOWN_CHECKPOINTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "published": "bfloat16",
     },
+    # https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json
+    "meta-llama/Llama-3.1-8B-Instruct": {
+        **_LLAMA3,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+        "published": "bfloat16",
+    },
     # https://huggingface.co/meta-llama/Llama-3.2-1B-Instruct/blob/main/config.json
     "meta-llama/Llama-3.2-1B-Instruct": {
         **_LLAMA3,

@@ -6,13 +6,13 @@ from trtspec.errors import UsageError
 from trtspec.modes.base import BACKENDS, SpecMode, Support
 from trtspec.modes.draft_target import DraftTarget
 from trtspec.modes.mtp import MTP
+from trtspec.modes.ngram import NGram
 from trtspec.modes.none import NoSpeculation
 
-REGISTRY: dict[str, SpecMode] = {m.name: m for m in (DraftTarget(), MTP(), NoSpeculation())}
+REGISTRY: dict[str, SpecMode] = {m.name: m for m in (DraftTarget(), MTP(), NGram(), NoSpeculation())}
 MODE_NAMES: tuple[str, ...] = tuple(REGISTRY)
-# what the torch runner can run: the registry's modes, and n-gram lookup as a runner-only drafter that
-# bench and generate compare against them
-RUNNER_MODES: tuple[str, ...] = (*MODE_NAMES, "ngram")
+# what the torch runner can run (`generate --mode`, the bench): every mode claims the torch backend today
+RUNNER_MODES: tuple[str, ...] = tuple(m.name for m in REGISTRY.values() if m.row("torch").exists)
 
 
 def get_mode(name: str) -> SpecMode:

@@ -48,6 +48,7 @@ class SpecMode:
     refuses_draft: ClassVar[bool] = False  # a `draft` section is a mistake (the drafter is elsewhere)
     section: ClassVar[str | None] = None  # the DeploymentConfig field holding this mode's own settings
     decoding_types: ClassVar[tuple[str, ...]] = ()  # speculative_config.decoding_type spellings it reads back
+    served_settings: ClassVar[tuple[str, ...]] = ()  # speculative_config fields the served torch runner reads
     engine_mode: ClassVar[str | None] = None  # trtllm-build --speculative_decoding_mode of the target engine
     torch_engine_mode: ClassVar[str | None] = None  # the mode trtspec's torch engine stand-ins record
     engine_streams: ClassVar[bool] = True  # the engine flavour can stream it (the BLS loop cannot)
@@ -94,8 +95,8 @@ class SpecMode:
         """The LLM API's `speculative_config` for the configured TensorRT-LLM version (None: no speculation)."""
         return None
 
-    def drafter(self, target: Transformer, draft: Transformer | None, cfg_layers: int | None) -> Drafter | None:
-        """The torch runner's drafter (None: plain decoding)."""
+    def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
+        """The torch runner's drafter (None: plain decoding); `settings` are the mode's section's fields."""
         return None
 
     def speculates(self) -> bool:

@@ -70,7 +70,7 @@ class DraftTarget(SpecMode):
             draft_model_key(version): draft_dir,
         }
 
-    def drafter(self, target: Transformer, draft: Transformer | None, cfg_layers: int | None) -> Drafter | None:
+    def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         from trtspec.errors import UsageError
         from trtspec.speculative.drafters import DraftModelDrafter
 

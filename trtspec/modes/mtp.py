@@ -123,10 +123,10 @@ class MTP(SpecMode):
                     "use the full checkpoint: some conversions drop the MTP layer (DeepSeek's convert.py skips it)",
                 )
 
-    def drafter(self, target: Transformer, draft: Transformer | None, cfg_layers: int | None) -> Drafter | None:
+    def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         from trtspec.errors import UsageError
         from trtspec.speculative.drafters import MTPDrafter
 
         if target.dims.num_mtp_layers == 0:
             raise UsageError("the target has no MTP layers (config.json num_nextn_predict_layers is 0 or absent)")
-        return MTPDrafter(target, cfg_layers)
+        return MTPDrafter(target, settings.get("num_nextn_predict_layers"))

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import UsageError
-from trtspec.modes import mode_for_decoding_type
+from trtspec.modes import get_mode, mode_for_decoding_type
 from trtspec.speculative.batch import BatchEngine
 from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
 from trtspec.speculative.runner import SpeculativeRunner
@@ -27,6 +27,7 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
     """The runner the LLM API options describe, and the sampling defaults for requests that say nothing."""
     spec = options.get("speculative_config") or {}
     mode = decoding_mode(options)
+    served = get_mode(mode).served_settings
     k = int(spec.get("max_draft_len") or spec.get("num_nextn_predict_layers") or 0)
     draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
     local = options.get("trtspec", {})
@@ -39,6 +40,7 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
         device=device,
         dtype=resolve_dtype(local.get("dtype", "auto"), device),
         max_len=int(options.get("max_seq_len", 2048)),
+        settings={f: spec[f] for f in served if f in spec},
     )
     defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 64, "seed": None}
     defaults.update(local.get("sampling", {}))

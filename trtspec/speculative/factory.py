@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trtspec.errors import UsageError
 from trtspec.modes import REGISTRY, RUNNER_MODES, SpecMode
-from trtspec.speculative.drafters import NgramDrafter
 from trtspec.speculative.model import Transformer, load_transformer
 from trtspec.speculative.planted import planted_from_env, planted_verify
 from trtspec.speculative.runner import SpeculativeRunner
@@ -18,11 +17,10 @@ if TYPE_CHECKING:
     from trtspec.config import DeploymentConfig
 
 
-def runner_mode(mode: str) -> SpecMode | None:
-    """The registry's mode, or None for the runner-only n-gram drafter."""
+def runner_mode(mode: str) -> SpecMode:
     if mode not in RUNNER_MODES:
         raise UsageError(f"mode must be one of {', '.join(RUNNER_MODES)}, got {mode!r}")
-    return REGISTRY.get(mode)
+    return REGISTRY[mode]
 
 
 def resolve_device(device: str) -> str:
@@ -50,20 +48,22 @@ def load_runner(
     max_len: int = 2048,
     target: Transformer | None = None,
     planted: str | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> SpeculativeRunner:
-    """A runner for `mode`; pass `target` to share one loaded target between several runners.
+    """A runner for `mode`; pass `target` to share one loaded target between several runners, and
+    `settings` for the mode's own (its config section's fields).
 
     `planted` names a wrong verification rule (trtspec.speculative.planted) for checking the
     lossless check; without it the environment's TRTSPEC_PLANTED_BUG decides, normally unset."""
     spec = runner_mode(mode)
     target = target or load_transformer(target_path, dtype=dtype, device=device, max_len=max_len, mtp_layers=mtp_layers)
     draft = None
-    if spec is not None and spec.needs_draft:
+    if spec.needs_draft:
         if draft_path is None:
             raise UsageError(f"mode {mode} needs a draft checkpoint")
         draft = load_transformer(draft_path, dtype=dtype, device=device, max_len=max_len)
     try:
-        drafter = NgramDrafter() if spec is None else spec.drafter(target, draft, mtp_layers)
+        drafter = spec.drafter(target, draft, {"num_nextn_predict_layers": mtp_layers, **(settings or {})})
     except UsageError as exc:
         raise UsageError(f"{target_path}: {exc}") from None
     verify_fn = planted_verify(planted) if planted else planted_from_env()
@@ -89,7 +89,8 @@ def runner_for(
             "directory (download it first)"
         )
     draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft else None
-    if mode in REGISTRY and REGISTRY[mode].needs_draft and cfg.draft is not None and draft_path is None:
+    spec = runner_mode(mode)
+    if spec.needs_draft and cfg.draft is not None and draft_path is None:
         raise UsageError(f"draft.checkpoint {cfg.draft.checkpoint} is a hub id; download it first")
     device = resolve_device(cfg.build.device)
     return load_runner(
@@ -103,4 +104,5 @@ def runner_for(
         max_len=cfg.build.max_seq_len,
         target=target,
         planted=planted,
+        settings=getattr(cfg, spec.section).model_dump() if spec.section and getattr(cfg, spec.section) else None,
     )

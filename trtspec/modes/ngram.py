@@ -1,0 +1,92 @@
+"""N-gram (prompt lookup): drafts are copied from earlier in the request where its last tokens occurred
+before. No draft model and no training; it pays on input-grounded traffic (summaries, code edits, second
+turns) and costs almost nothing where it finds no match.
+
+Sources: tensorrt_llm/llmapi/llm_args.py NGramDecodingConfig (`decoding_type: NGram`; fields
+max_matching_ngram_size, is_keep_all, is_use_oldest, is_public_pool, all three pool flags True by default;
+`supports_backend` pytorch only; max_draft_len > 0), the 1.0 features doc listing `NGram` among the
+`decoding_type` options, and its example `NGramDecodingConfig(max_draft_len=3, max_matching_ngram_size=4,
+is_public_pool=True)` with `disable_overlap_scheduler=True` (ref trtllm-speculative-decoding §2.6).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trtspec.families import TORCH_RUNNER_FAMILIES
+from trtspec.modes.base import SpecMode, Support
+from trtspec.versions import supported_minors
+
+if TYPE_CHECKING:
+    from trtspec.config import DeploymentConfig, NGramSection
+    from trtspec.speculative.drafters import Drafter
+    from trtspec.speculative.model import Transformer
+
+
+class NGram(SpecMode):
+    name: ClassVar[str] = "ngram"
+    support: ClassVar[tuple[Support, ...]] = (
+        Support("ngram", "tensorrt", (), None, (), note="does not exist: NGramDecodingConfig is pytorch only"),
+        Support(
+            "ngram",
+            "pytorch",
+            supported_minors(),
+            7.0,
+            None,
+            note="speculative_config NGram; no draft model; SM: the backend's own (none documented for NGram)",
+        ),
+        Support(
+            "ngram",
+            "torch",
+            None,
+            None,
+            TORCH_RUNNER_FAMILIES,
+            note="trtspec runner: lookup in each request's own tokens (no shared pool)",
+        ),
+    )
+    refuses_draft: ClassVar[bool] = True
+    section: ClassVar[str | None] = "ngram"
+    decoding_types: ClassVar[tuple[str, ...]] = ("NGram",)
+    served_settings: ClassVar[tuple[str, ...]] = ("max_matching_ngram_size",)
+    llm_api_extra: ClassVar[dict[str, Any]] = {"disable_overlap_scheduler": True}  # as NVIDIA's example sets
+    default_k: ClassVar[int] = 3
+
+    @staticmethod
+    def settings(cfg: DeploymentConfig) -> NGramSection:
+        from trtspec.config import NGramSection
+
+        return cfg.ngram or NGramSection()
+
+    def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
+        from trtspec.config import NGramSection
+
+        pool = {f: getattr(self.settings(cfg), f) for f in ("is_keep_all", "is_use_oldest", "is_public_pool")}
+        defaults = {f: getattr(NGramSection(), f) for f in pool}
+        if cfg.build.backend == "torch" and pool != defaults:
+            changed = ", ".join(f for f in pool if pool[f] != defaults[f])
+            return [("ngram", f"{changed}: TensorRT-LLM's pool options; the torch runner has no shared pool")]
+        return []
+
+    def speculative_config(self, cfg: DeploymentConfig, k: int, draft_dir: str | None) -> dict[str, Any] | None:
+        # every field written out: 1.0/1.1-era code defaults max_matching_ngram_size to 0, 1.2 to 2
+        s = self.settings(cfg)
+        return {
+            "decoding_type": "NGram",
+            "max_draft_len": k,
+            "max_matching_ngram_size": s.max_matching_ngram_size,
+            "is_keep_all": s.is_keep_all,
+            "is_use_oldest": s.is_use_oldest,
+            "is_public_pool": s.is_public_pool,
+        }
+
+    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
+        from trtspec.config import NGramSection
+
+        return {"ngram": NGramSection().model_dump()}
+
+    def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
+        from trtspec.config import NGramSection
+        from trtspec.speculative.drafters import NgramDrafter
+
+        size = settings.get("max_matching_ngram_size") or NGramSection().max_matching_ngram_size
+        return NgramDrafter(max_ngram=int(size))
