@@ -17,7 +17,7 @@ from tiny_models import make_checkpoint
 
 from trtspec.speculative import drafters
 from trtspec.speculative.batch import RowSampling, Sequence
-from trtspec.speculative.drafters import BatchState, DraftModelDrafter, MTPDrafter
+from trtspec.speculative.drafters import BatchState, DraftModelDrafter, MTPDrafter, NgramDrafter
 from trtspec.speculative.model import Slots, load_transformer
 from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.policy import COST_WINDOW, AdaptiveK, FixedK, batch_sizes, calibrate
@@ -48,6 +48,7 @@ def runners(pair) -> dict[str, SpeculativeRunner]:
         "none": SpeculativeRunner(target, max_len=128),
         "draft-target": SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=3, max_len=128),
         "mtp": SpeculativeRunner(target, MTPDrafter(target), num_draft_tokens=3, max_len=128),
+        "ngram": SpeculativeRunner(target, NgramDrafter(), num_draft_tokens=3, max_len=128),
     }
 
 
@@ -65,7 +66,7 @@ def staggered(engine, prompts, params, every: int = 2) -> list[Sequence]:
     return seqs
 
 
-@pytest.mark.parametrize("mode", ["none", "draft-target", "mtp"])
+@pytest.mark.parametrize("mode", ["none", "draft-target", "mtp", "ngram"])
 @pytest.mark.parametrize("budget", [None, 7])
 def test_rows_joining_and_leaving_mid_flight_give_the_text_they_give_alone(pair, mode, budget):
     runner = runners(pair)[mode]
