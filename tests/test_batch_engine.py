@@ -15,6 +15,7 @@ import torch
 from test_lossless import PROMPT, T1, V, chi_square, exact_joint
 from tiny_models import make_checkpoint
 
+from trtspec.modes import get_mode
 from trtspec.speculative import drafters
 from trtspec.speculative.batch import RowSampling, Sequence
 from trtspec.speculative.drafters import BatchState, DraftModelDrafter, MTPDrafter, NgramDrafter
@@ -49,6 +50,7 @@ def runners(pair) -> dict[str, SpeculativeRunner]:
         "draft-target": SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=3, max_len=128),
         "mtp": SpeculativeRunner(target, MTPDrafter(target), num_draft_tokens=3, max_len=128),
         "ngram": SpeculativeRunner(target, NgramDrafter(), num_draft_tokens=3, max_len=128),
+        "auto": SpeculativeRunner(target, get_mode("auto").drafter(target, None, {}), num_draft_tokens=5, max_len=128),
     }
 
 
@@ -66,7 +68,7 @@ def staggered(engine, prompts, params, every: int = 2) -> list[Sequence]:
     return seqs
 
 
-@pytest.mark.parametrize("mode", ["none", "draft-target", "mtp", "ngram"])
+@pytest.mark.parametrize("mode", ["none", "draft-target", "mtp", "ngram", "auto"])
 @pytest.mark.parametrize("budget", [None, 7])
 def test_rows_joining_and_leaving_mid_flight_give_the_text_they_give_alone(pair, mode, budget):
     runner = runners(pair)[mode]

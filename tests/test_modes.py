@@ -4,6 +4,7 @@ walked from `trtspec init` to a repository and manifests on each backend it clai
 from __future__ import annotations
 
 import json
+import re
 import typing
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from trtspec.families import BY_ARCHITECTURE, ENGINE_FAMILIES, FAMILIES, convert
 from trtspec.modes import BACKENDS, MODE_NAMES, REGISTRY, RUNNER_MODES, SpecMode, get_mode
 from trtspec.repository.serving import decoding_mode
 from trtspec.support import TABLE
-from trtspec.versions import TRTLLM_CONTAINERS, at_least, supported_minors
+from trtspec.versions import TRTLLM_CONTAINERS, at_least, minor, supported_minors
 
 # a hub id per architecture the walk needs on NVIDIA's backends (never downloaded: hub ids stay as they are)
 HUB_IDS = {"LlamaForCausalLM": "meta-llama/Llama-3.3-70B-Instruct", "DeepseekV3ForCausalLM": "deepseek-ai/DeepSeek-R1"}
@@ -41,8 +42,15 @@ def test_every_mode_has_one_row_per_backend_and_the_names_agree_everywhere():
     assert len(spellings) == len(set(spellings)), "two modes claim one decoding_type"
 
 
-@pytest.mark.parametrize("version", list(TRTLLM_CONTAINERS))
-@pytest.mark.parametrize("name", [m.name for m in REGISTRY.values() if m.row("pytorch").exists])
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        (m.name, v)
+        for m in REGISTRY.values()
+        for v in TRTLLM_CONTAINERS
+        if m.row("pytorch").exists and minor(v) in m.row("pytorch").versions
+    ],
+)
 def test_what_a_mode_writes_for_each_version_reads_back_as_that_mode(name, version):
     """The served side parses every spelling the build side writes, version by version."""
     mode = get_mode(name)
@@ -72,6 +80,24 @@ def test_what_a_mode_writes_for_each_version_reads_back_as_that_mode(name, versi
 def test_versions_compare_as_releases_not_strings():
     assert at_least("1.10.0", "1.2") and not at_least("1.1.0", "1.2") and at_least("1.2.1", "1.2")
     assert supported_minors() == ("1.0", "1.1", "1.2")
+
+
+def test_a_mode_in_a_release_without_it_is_refused_naming_where_it_exists():
+    data = {
+        "name": "a",
+        "target": {"checkpoint": HUB_IDS["LlamaForCausalLM"]},
+        "speculation": {"mode": "auto"},
+        "build": {"backend": "pytorch", "tensorrt_llm_version": "1.1.0"},
+        "serve": {"flavour": "llmapi"},
+    }
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "mode auto on backend pytorch does not exist in TensorRT-LLM 1.1.0; it exists on pytorch"
+            " (TensorRT-LLM 1.2), torch"
+        ),
+    ):
+        validate_config(data)
 
 
 def test_a_mode_on_a_backend_it_lacks_is_refused_naming_where_it_exists():
@@ -285,3 +311,60 @@ def test_the_served_torch_runner_reads_the_ngram_size_nvidias_yaml_carries(tmp_p
     runner, _ = runner_from_model_yaml(options)
     assert isinstance(runner.drafter, NgramDrafter) and runner.drafter.max_ngram == 5
     assert runner.num_draft_tokens == 2
+
+
+# --- AUTO -----------------------------------------------------------------------------------------------------
+
+
+def test_auto_follows_nvidias_documented_heuristic_on_the_running_batch():
+    """AutoDecodingConfig's docstring: <= 4 requests: 5 drafts from 3-grams; <= 32: 3 from 5-grams; above: none."""
+    mode = get_mode("auto")
+    policy, drafter = mode.k_policy(), mode.drafter(None, None, {})
+    assert [policy.k(b, 5) for b in (1, 4, 5, 32, 33, 64)] == [5, 5, 3, 3, 0, 0]
+    assert [drafter.ngram_size(b) for b in (1, 4, 5, 32)] == [3, 3, 5, 5]
+    assert policy.k(1, 2) == 2  # never more than the runner was built for
+
+
+def test_auto_writes_only_its_type_and_refuses_what_its_heuristic_decides():
+    data = {
+        "name": "auto",
+        "target": {"checkpoint": HUB_IDS["LlamaForCausalLM"]},
+        "speculation": {"mode": "auto"},
+        "build": {"backend": "pytorch", "tensorrt_llm_version": "1.2.1"},
+        "serve": {"flavour": "llmapi"},
+    }
+    assert recipes.llm_api_options(validate_config(data), 5, None)["speculative_config"] == {"decoding_type": "AUTO"}
+    for change, field in (
+        ({"max_concurrency": 8}, "speculation.max_concurrency"),
+        ({"policy": "fixed"}, "speculation.policy"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(field) + ": AUTO"):
+            validate_config({**data, "speculation": {"mode": "auto", **change}})
+
+
+def test_a_served_auto_model_runs_the_heuristic_not_the_configured_policy():
+    from trtspec.repository.serving import engine_from_model_yaml
+    from trtspec.speculative.policy import TableK
+
+    cfg = load_config(REPO / "configs" / "tiny-ngram.yaml")
+    data = cfg.model_dump(mode="json", exclude={"ngram"})
+    data["speculation"].update(mode="auto", num_draft_tokens=5)
+    options = recipes.llm_api_options(validate_config(data, REPO / "configs" / "x.yaml"), 5, None)
+    options.update(model=str(cfg.checkpoint_path(cfg.target)), trtspec={"policy": "adaptive"}, max_batch_size=2)
+    engine, _ = engine_from_model_yaml(options)
+    assert isinstance(engine.policy, TableK) and engine.num_draft_tokens == 5
+
+
+@pytest.mark.parametrize("name", ["ngram", "auto"])
+def test_the_engine_flavour_refuses_modes_compiled_engines_lack(name):
+    data = {
+        "name": "e",
+        "target": {"checkpoint": "embedded:tiny-target"},
+        "speculation": {"mode": name},
+        "build": {"backend": "torch"},
+        "serve": {"flavour": "engine", "streaming": False},
+    }
+    with pytest.raises(
+        ConfigError, match=f"serve.flavour: the engine flavour stands in for compiled engines, where mode {name}"
+    ):
+        validate_config(data)

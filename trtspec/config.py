@@ -361,6 +361,13 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
             )
         )
     errors += spec.validate(cfg)
+    if backend == "torch" and flavour == "engine" and not (spec.row("tensorrt").exists or spec.in_target):
+        errors.append(
+            (
+                "serve.flavour",
+                f"the engine flavour stands in for compiled engines, where mode {mode} does not exist; use llmapi",
+            )
+        )
     if backend == "pytorch" and flavour == "engine":
         errors.append(("serve.flavour", "backend pytorch is served by flavour llmapi (engine needs compiled engines)"))
     if backend == "tensorrt" and flavour == "llmapi":

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from trtspec.check import Report
     from trtspec.checkpoints.inspect import CheckpointInfo
     from trtspec.config import DeploymentConfig
+    from trtspec.speculative.batch import KPolicy
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
 
@@ -97,6 +98,14 @@ class SpecMode:
 
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         """The torch runner's drafter (None: plain decoding); `settings` are the mode's section's fields."""
+        return None
+
+    def served_draft_len(self, spec: dict[str, Any]) -> int:
+        """K as a served model.yaml's speculative_config gives it."""
+        return int(spec.get("max_draft_len") or 0)
+
+    def k_policy(self) -> KPolicy | None:
+        """K per step the mode prescribes itself (None: the config's policy, fixed or adaptive)."""
         return None
 
     def speculates(self) -> bool:

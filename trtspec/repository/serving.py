@@ -28,7 +28,7 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
     spec = options.get("speculative_config") or {}
     mode = decoding_mode(options)
     served = get_mode(mode).served_settings
-    k = int(spec.get("max_draft_len") or spec.get("num_nextn_predict_layers") or 0)
+    k = get_mode(mode).served_draft_len(spec)
     draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
     local = options.get("trtspec", {})
     device = resolve_device(local.get("device", "auto"))
@@ -56,7 +56,7 @@ def engine_from_model_yaml(
 
     runner, defaults = runner_from_model_yaml(options)
     spec = options.get("speculative_config") or {}
-    policy = policy_for(
+    policy = get_mode(decoding_mode(options)).k_policy() or policy_for(
         options.get("trtspec", {}).get("policy", "fixed"),
         runner.num_draft_tokens,
         spec.get("max_concurrency"),

@@ -242,8 +242,12 @@ class NgramDrafter(Drafter):
     def start(self, state: BatchState, capacity: int) -> None:
         pass
 
-    def lookup(self, seq: list[int], k: int) -> list[int]:
-        for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+    def ngram_size(self, batch: int) -> int:
+        """The longest suffix looked up when `batch` rows draft together."""
+        return self.max_ngram
+
+    def lookup(self, seq: list[int], k: int, max_ngram: int | None = None) -> list[int]:
+        for size in range(min(max_ngram or self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             tail = seq[-size:]
             for start in range(len(seq) - size - 1, -1, -1):
                 if seq[start : start + size] == tail:
@@ -254,8 +258,9 @@ class NgramDrafter(Drafter):
         rows = slots.index.tolist()
         tokens = torch.zeros(len(rows), k, dtype=torch.long)
         counts = torch.zeros(len(rows), dtype=torch.long)
+        size = self.ngram_size(len(rows))
         for b, slot in enumerate(rows):
-            found = self.lookup(state.tokens[slot, : int(state.lengths[slot])].tolist(), k)
+            found = self.lookup(state.tokens[slot, : int(state.lengths[slot])].tolist(), k, size)
             tokens[b, : len(found)] = torch.tensor(found, dtype=torch.long)
             counts[b] = len(found)
         device = state.tokens.device

@@ -62,6 +62,19 @@ class FixedK(KPolicy):
         return min(self.fixed, k_max)
 
 
+class TableK(KPolicy):
+    """K from a table of running-batch ceilings, as a mode's documented heuristic prescribes (AUTO)."""
+
+    def __init__(self, table: tuple[tuple[int, int], ...]) -> None:
+        self.table = table  # (largest running batch, K), ascending; beyond the last: no speculation
+
+    def prepare(self, engine: BatchEngine) -> None:
+        """The table is fixed: nothing to measure."""
+
+    def k(self, batch: int, k_max: int) -> int:
+        return next((min(k, k_max) for ceiling, k in self.table if batch <= ceiling), 0)
+
+
 @dataclass
 class AdaptiveK(KPolicy):
     max_concurrency: int | None = None
