@@ -36,7 +36,7 @@ def test_every_mode_has_one_row_per_backend_and_the_names_agree_everywhere():
     assert typing.get_args(Mode) == MODE_NAMES
     assert tuple(next(p for p in init.params if p.name == "mode").type.choices) == MODE_NAMES
     assert tuple(next(p for p in generate.params if p.name == "mode").type.choices) == RUNNER_MODES
-    assert set(MODE_NAMES) <= set(RUNNER_MODES)
+    assert tuple(m.name for m in REGISTRY.values() if m.row("torch").exists) == RUNNER_MODES
     assert tuple(row for m in REGISTRY.values() for row in m.support) == TABLE
     spellings = [t for m in REGISTRY.values() for t in m.decoding_types]
     assert len(spellings) == len(set(spellings)), "two modes claim one decoding_type"
@@ -368,3 +368,77 @@ def test_the_engine_flavour_refuses_modes_compiled_engines_lack(name):
         ConfigError, match=f"serve.flavour: the engine flavour stands in for compiled engines, where mode {name}"
     ):
         validate_config(data)
+
+
+# --- EAGLE-3 --------------------------------------------------------------------------------------------------
+
+
+def _eagle3(version: str, **section) -> dict:
+    return {
+        "name": "e3",
+        "target": {"checkpoint": HUB_IDS["LlamaForCausalLM"]},
+        "draft": {"checkpoint": "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"},
+        "eagle3": section,
+        "speculation": {"mode": "eagle3", "num_draft_tokens": 3},
+        "build": {"backend": "pytorch", "tensorrt_llm_version": version},
+        "serve": {"flavour": "llmapi"},
+    }
+
+
+def test_eagle3_writes_each_releases_documented_names():
+    """1.0: EagleDecodingConfig with speculative_model_dir (1.0.0 example page); 1.2: Eagle3DecodingConfig."""
+    old = recipes.llm_api_options(validate_config(_eagle3("1.0.3")), 3, "/head")
+    assert old["speculative_config"] == {
+        "decoding_type": "Eagle",
+        "max_draft_len": 3,
+        "speculative_model_dir": "/head",
+        "eagle3_one_model": True,
+    }
+    assert "disable_overlap_scheduler" not in old
+    new = recipes.llm_api_options(
+        validate_config(_eagle3("1.2.1", one_model=False, layers_to_capture=[1, 39, 76])), 3, "/h"
+    )
+    assert new["speculative_config"] == {
+        "decoding_type": "Eagle3",
+        "max_draft_len": 3,
+        "speculative_model": "/h",
+        "eagle3_layers_to_capture": [1, 39, 76],
+        "eagle3_one_model": False,
+    }
+    assert new["disable_overlap_scheduler"] is True  # the two-model path
+    with pytest.raises(
+        ConfigError, match=re.escape("eagle3.layers_to_capture: eagle3_layers_to_capture needs TensorRT-LLM 1.2")
+    ):
+        validate_config(_eagle3("1.0.3", layers_to_capture=[1, 2, 3]))
+    with pytest.raises(ConfigError, match=re.escape("draft: required when speculation.mode is eagle3")):
+        validate_config({**_eagle3("1.2.1"), "draft": None})
+
+
+def _head(path: Path, **config) -> Path:
+    make_checkpoint(path, vocab=8, hidden=16, layers=1)
+    hf = json.loads((path / "config.json").read_text())
+    hf.update(config)
+    (path / "config.json").write_text(json.dumps(hf))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("head", "layers", "cause"),
+    [
+        ({"target_hidden_size": 32}, None, "eagle3-hidden"),
+        ({"vocab_size": 9}, None, "eagle3-vocab"),
+        ({}, [0, 1, 5], "eagle3-layers"),
+        ({}, None, "eagle3-fc"),  # the tiny checkpoint has no fc.weight: not an EAGLE-3 head
+    ],
+)
+def test_check_holds_the_eagle3_head_to_its_target(tmp_path, head, layers, cause):
+    from trtspec.check import run_check
+
+    target = make_checkpoint(tmp_path / "t", vocab=8, hidden=16, layers=2)
+    data = {**_eagle3("1.2.1", layers_to_capture=layers)}
+    data["target"] = {"checkpoint": str(target)}
+    data["draft"] = {"checkpoint": str(_head(tmp_path / "h", **head))}
+    report = run_check(validate_config(data))
+    causes = {f.code for f in report.findings}
+    assert cause in causes, causes
+    assert "tokenizer-mismatch" not in causes and not any(c.startswith("tokenizer") for c in causes)

@@ -430,7 +430,7 @@ def run_check(cfg: DeploymentConfig) -> Report:
     gpu_sm, gpu_gb = detect_gpu()
     gpu_gb = cfg.build.gpu_memory_gb or gpu_gb
     _check_weights({"target": target, "draft": draft}, report)
-    if target is not None and draft is not None:
+    if target is not None and draft is not None and not spec.draft_head:
         _check_tokenizers(target, draft, report)
         _check_differences(target, draft, report)
     _check_support(cfg, target, draft, gpu_sm, report)

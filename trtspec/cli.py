@@ -59,7 +59,9 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 @cli.command()
 @click.option("--target", required=True, help="Target checkpoint: a local HF directory, embedded:<name> or a hub id.")
-@click.option("--draft", help="Draft checkpoint sharing the target's tokenizer (draft-target mode).")
+@click.option(
+    "--draft", help="Draft checkpoint: a model sharing the target's tokenizer (draft-target) or an EAGLE-3 head."
+)
 @click.option("--mtp", is_flag=True, help="Draft with the target's own MTP layers (same as --mode mtp).")
 @click.option(
     "--mode",
@@ -99,7 +101,9 @@ def init(
     if draft and not spec.needs_draft:
         raise UsageError(f"--draft is not used with mode {mode}: it drafts without a second model")
     if spec.needs_draft and not draft:
-        raise UsageError(f"mode {mode} needs --draft (a checkpoint sharing the target's tokenizer)")
+        raise UsageError(
+            f"mode {mode} needs --draft (a draft model sharing the target's tokenizer, or for eagle3 its head)"
+        )
     if backend is None:
         engines = [b for b in ("tensorrt", "pytorch") if spec.row(b).exists]
         backend = "torch" if target.startswith("embedded:") or not engines else engines[0]

@@ -101,6 +101,17 @@ class NGramSection(_Section):
     is_public_pool: bool = Field(default=True, description="TensorRT-LLM's pool: one pool shared by all requests")
 
 
+class Eagle3Section(_Section):
+    """EAGLE-3 settings (trtspec.modes.eagle3); the head checkpoint is the `draft` section."""
+
+    one_model: bool = Field(
+        default=True, description="eagle3_one_model: the head runs inside the target's engine (false: two models)"
+    )
+    layers_to_capture: list[Annotated[Int, Field(ge=0)]] | None = Field(
+        default=None, description="target layers the head reads (1.2+); default: the head's low, middle and high"
+    )
+
+
 class SamplingSection(_Section):
     """Defaults for requests that do not say; temperature 0 means greedy."""
 
@@ -279,6 +290,7 @@ class DeploymentConfig(_Section):
     draft: ModelSection | None = None
     mtp: MTPSection | None = None
     ngram: NGramSection | None = None
+    eagle3: Eagle3Section | None = None
     speculation: SpeculationSection = SpeculationSection()
     build: BuildSection = BuildSection()
     serve: ServeSection = ServeSection()

@@ -48,10 +48,11 @@ class Family:
     torch_runner: bool = False  # trtspec's own runner loads it (trtspec.speculative.model)
     mtp: bool = False  # TensorRT-LLM's MTP supports it (docs/source/models/supported-models.md)
     mtp_unverified: bool = False  # reported to work with MTP, not in that table
+    eagle3: bool = False  # in TensorRT-LLM's EAGLE-3 support table (1.0 docs: Llama 3.1/3.3, Llama 4 Maverick)
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("LlamaForCausalLM", "llama", torch_runner=True),
+    Family("LlamaForCausalLM", "llama", torch_runner=True, eagle3=True),
     Family("MistralForCausalLM", "llama", torch_runner=True),
     Family("MixtralForCausalLM", "llama"),
     Family("Qwen2ForCausalLM", "qwen", torch_runner=True),
@@ -60,6 +61,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("Gemma2ForCausalLM", "gemma", GEMMA),
     Family("Phi3ForCausalLM", "phi", NO_PIPELINE),
     Family("NemotronForCausalLM", "gpt"),
+    Family("Llama4ForConditionalGeneration", eagle3=True),
     Family("DeepseekV3ForCausalLM", mtp=True),
     Family("Glm4MoeForCausalLM", mtp_unverified=True),
 )
@@ -69,6 +71,7 @@ ENGINE_FAMILIES = tuple(f.architecture for f in FAMILIES if f.convert_folder)
 TORCH_RUNNER_FAMILIES = tuple(f.architecture for f in FAMILIES if f.torch_runner)
 MTP_FAMILIES = tuple(f.architecture for f in FAMILIES if f.mtp)
 UNVERIFIED_MTP_FAMILIES = tuple(f.architecture for f in FAMILIES if f.mtp_unverified)
+EAGLE3_FAMILIES = tuple(f.architecture for f in FAMILIES if f.eagle3)
 
 
 def convert_family(architecture: str) -> Family | None:

@@ -227,7 +227,7 @@ def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_di
     spec = get_mode(cfg.mode)
     if spec.needs_draft and draft_model_dir is None:
         raise UsageError(f"mode {cfg.mode} needs draft.checkpoint")
-    options.update(spec.llm_api_extra)
+    options.update(spec.extra_options(cfg))
     speculative_config = spec.speculative_config(cfg, num_draft_tokens, draft_model_dir)
     if speculative_config is not None:
         options["speculative_config"] = speculative_config

@@ -92,6 +92,32 @@ KNOWN_CHECKPOINTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "published": "bfloat16",
     },
+    # https://huggingface.co/nvidia/Llama-3.3-70B-Instruct-FP8: the same architecture, ModelOpt FP8 weights (it
+    # carries its quantization, hf_quant_config.json, which is what backend pytorch serves)
+    "nvidia/Llama-3.3-70B-Instruct-FP8": {
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"},
+        **_LLAMA3,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+        "published": "fp8",
+    },
+    # https://huggingface.co/yuhuili/EAGLE3-LLaMA3.3-Instruct-70B: one decoder layer of the target's width.
+    # Counted as a one-layer Llama with the full vocabulary in and out (about 3B); the head holds about 1B
+    # (no embedding of its own, a 32000-token draft vocabulary): an over-estimate, on the safe side.
+    "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B": {
+        **_LLAMA3,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+        "published": "bfloat16",
+    },
     # https://huggingface.co/meta-llama/Llama-3.1-405B-Instruct/blob/main/config.json
     "meta-llama/Llama-3.1-405B-Instruct": {
         **_LLAMA3,

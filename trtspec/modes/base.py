@@ -45,6 +45,7 @@ class SpecMode:
     name: ClassVar[str]
     support: ClassVar[tuple[Support, ...]]  # one row per backend in BACKENDS
     needs_draft: ClassVar[bool] = False  # a second checkpoint: the `draft` section and a draft engine/model
+    draft_head: ClassVar[bool] = False  # that checkpoint is a head on the target's states: no tokenizer of its own
     in_target: ClassVar[bool] = False  # the target drafts by itself (MTP layers, heads): one engine, no draft model
     refuses_draft: ClassVar[bool] = False  # a `draft` section is a mistake (the drafter is elsewhere)
     section: ClassVar[str | None] = None  # the DeploymentConfig field holding this mode's own settings
@@ -74,6 +75,10 @@ class SpecMode:
                 span = row.versions[0] if len(row.versions) == 1 else f"{row.versions[0]}-{row.versions[-1]}"
                 places.append(f"{row.backend} (TensorRT-LLM {span})")
         return ", ".join(places)
+
+    def extra_options(self, cfg: DeploymentConfig) -> dict[str, Any]:
+        """LLM API options the mode sets besides speculative_config."""
+        return dict(self.llm_api_extra)
 
     def engine_draft_len(self, k: int) -> int:
         """The target engine's max_draft_len for K drafts per step."""

@@ -1,0 +1,124 @@
+"""EAGLE-3: a one-layer draft head reads the target's hidden states from three of its layers (low, mid,
+high) and the next token's embedding, and drafts from them; the head is a checkpoint of its own, trained
+for one target.
+
+Sources (github.com/NVIDIA/TensorRT-LLM): the 1.0.0 example page llm_speculative_decoding.html
+(`EagleDecodingConfig(max_draft_len=3, speculative_model_dir=..., eagle3_one_model=True)`) and the 1.0-era
+features doc (`decoding_type: Eagle` for EAGLE 3; ref trtllm-speculative-decoding §2.7); 1.2's
+llm_args.py `Eagle3DecodingConfig` (`decoding_type: Eagle3`, `speculative_model`, `eagle3_one_model`,
+`eagle3_layers_to_capture`, `max_draft_len > 0`, a draft model required; code index id 7019226376, ref §2.5);
+the supported-models table of 1.0 (one-model: Llama 4 Maverick; two-model: Llama 4 Maverick, Llama 3.1 8B,
+Llama 3.3 70B; ref §2.1); tensorrt_llm/_torch/models/modeling_speculative.py for what the head must match
+(its input width is `target_hidden_size` if the head's config has one, else `hidden_size`; its fc layer
+takes that width times the captured layers; `draft_vocab_size` defaults to `vocab_size`). 1.1's exact field
+names are not pinned, so trtspec claims 1.0 and 1.2.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trtspec.families import EAGLE3_FAMILIES
+from trtspec.modes.base import SpecMode, Support
+from trtspec.versions import at_least
+
+if TYPE_CHECKING:
+    from trtspec.check import Report
+    from trtspec.checkpoints.inspect import CheckpointInfo
+    from trtspec.config import DeploymentConfig, Eagle3Section
+
+
+class Eagle3(SpecMode):
+    name: ClassVar[str] = "eagle3"
+    support: ClassVar[tuple[Support, ...]] = (
+        Support("eagle3", "tensorrt", (), None, (), note="does not exist: EAGLE-3 runs on the pytorch backend"),
+        Support(
+            "eagle3",
+            "pytorch",
+            ("1.0", "1.2"),
+            7.0,
+            EAGLE3_FAMILIES,
+            note="speculative_config Eagle (1.0) / Eagle3 (1.2) + the head checkpoint; 1.1 not pinned",
+        ),
+        Support("eagle3", "torch", (), None, (), note="not in trtspec's runner yet (the runner issue after #22)"),
+    )
+    needs_draft: ClassVar[bool] = True
+    draft_head: ClassVar[bool] = True
+    section: ClassVar[str | None] = "eagle3"
+    decoding_types: ClassVar[tuple[str, ...]] = ("Eagle", "Eagle3")
+    default_k: ClassVar[int] = 3
+
+    @staticmethod
+    def settings(cfg: DeploymentConfig) -> Eagle3Section:
+        from trtspec.config import Eagle3Section
+
+        return cfg.eagle3 or Eagle3Section()
+
+    def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
+        if self.settings(cfg).layers_to_capture is not None and not at_least(cfg.build.tensorrt_llm_version, "1.2"):
+            got = cfg.build.tensorrt_llm_version
+            return [("eagle3.layers_to_capture", f"eagle3_layers_to_capture needs TensorRT-LLM 1.2+, got {got}")]
+        return []
+
+    def extra_options(self, cfg: DeploymentConfig) -> dict[str, Any]:
+        # the two-model path runs without the overlap scheduler (ref §2.1): said, as for draft-target
+        return {} if self.settings(cfg).one_model else {"disable_overlap_scheduler": True}
+
+    def speculative_config(self, cfg: DeploymentConfig, k: int, draft_dir: str | None) -> dict[str, Any] | None:
+        s, version = self.settings(cfg), cfg.build.tensorrt_llm_version
+        if at_least(version, "1.2"):
+            spec: dict[str, Any] = {"decoding_type": "Eagle3", "max_draft_len": k, "speculative_model": draft_dir}
+            if s.layers_to_capture is not None:
+                spec["eagle3_layers_to_capture"] = list(s.layers_to_capture)
+        else:
+            spec = {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model_dir": draft_dir}
+        spec["eagle3_one_model"] = s.one_model
+        return spec
+
+    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
+        from trtspec.config import Eagle3Section
+
+        return {"eagle3": Eagle3Section().model_dump()}
+
+    def check(
+        self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
+    ) -> None:
+        """The head must have been trained for this target: the width it reads, the vocabulary it maps
+        into and the layers it captures all come from the target."""
+        if target is None or draft is None:
+            return
+        t, d = target.config, draft.config
+        width = d.get("target_hidden_size") or d.get("hidden_size")
+        if width != t.get("hidden_size"):
+            report.add(
+                "error",
+                "eagle3-hidden",
+                f"the EAGLE-3 head reads hidden states of width {width}, the target's hidden_size is "
+                f"{t.get('hidden_size')}",
+                "use the head trained for this target",
+            )
+        if d.get("vocab_size") != t.get("vocab_size"):
+            report.add(
+                "error",
+                "eagle3-vocab",
+                f"the head's vocab_size {d.get('vocab_size')} != the target's {t.get('vocab_size')} "
+                "(its draft_vocab_size maps into the target's vocabulary)",
+                "use the head trained for this target",
+            )
+        layers = self.settings(cfg).layers_to_capture
+        depth = int(t.get("num_hidden_layers") or 0)
+        if layers is not None and depth and any(i >= depth for i in layers):
+            report.add(
+                "error",
+                "eagle3-layers",
+                f"eagle3.layers_to_capture {list(layers)}: the target has layers 0..{depth - 1}",
+                "capture layers the target has (the default is three: low, middle, high)",
+            )
+        names = draft.weight_names
+        if names is not None and not any(n == "fc.weight" or n.endswith(".fc.weight") for n in names):
+            report.add(
+                "warning",
+                "eagle3-fc",
+                "the head has no fc.weight, the layer that fuses the captured hidden states: not an EAGLE-3 head?",
+                "EAGLE-1/2 heads are not EAGLE-3 heads; use one trained with EAGLE-3",
+            )
