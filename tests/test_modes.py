@@ -31,6 +31,9 @@ CLAIMED = [(m.name, row.backend) for m in REGISTRY.values() for row in m.support
 def test_every_mode_has_one_row_per_backend_and_the_names_agree_everywhere():
     for mode in REGISTRY.values():
         assert [row.backend for row in mode.support] == list(BACKENDS), mode.name
+        # a draft engine or a head is a draft checkpoint; a drafter inside the target is neither
+        assert mode.needs_draft >= mode.draft_engine and mode.needs_draft >= mode.draft_head, mode.name
+        assert not (mode.draft_engine and (mode.draft_head or mode.in_target)), mode.name
         assert all(row.mode == mode.name for row in mode.support), mode.name
         assert mode.where(), f"{mode.name} exists nowhere"
     assert typing.get_args(Mode) == MODE_NAMES

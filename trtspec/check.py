@@ -378,7 +378,7 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
             "",
         )
     b = cfg.build
-    if b.backend == "tensorrt" and get_mode(cfg.mode).needs_draft and cfg.serve.grpc_port != 8001:
+    if b.backend == "tensorrt" and get_mode(cfg.mode).draft_engine and cfg.serve.grpc_port != 8001:
         report.add(
             "warning",
             "bls-grpc-port",

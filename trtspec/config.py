@@ -408,7 +408,7 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
         and not at_least(b.tensorrt_llm_version, "1.2")
     ):
         errors.append(("speculation.max_concurrency", f"needs TensorRT-LLM 1.2+, got {b.tensorrt_llm_version}"))
-    if cfg.speculation.use_draft_logits and not (flavour == "engine" and spec.needs_draft):
+    if cfg.speculation.use_draft_logits and not (flavour == "engine" and spec.draft_engine):
         errors.append(("speculation.use_draft_logits", "only applies to flavour engine with a draft model"))
     if backend in ("tensorrt", "pytorch") and cfg.serve.instances > 1:
         errors.append(

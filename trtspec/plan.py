@@ -180,11 +180,12 @@ def gpu_costs(cfg: DeploymentConfig, gpu: str, probe_k: int, batches: list[int],
     target = read_checkpoint(_local(cfg, "target"))
     tm = model_memory(target.config, cfg.target.dtype, cfg.target.quantization, b.backend, b.tp, b.pp)
     mode = get_mode(cfg.mode)
-    if mode.needs_draft:
+    if mode.draft_engine:
         draft = read_checkpoint(_local(cfg, "draft"))
         dm = model_memory(draft.config, cfg.draft.dtype, cfg.draft.quantization, b.backend, b.tp, b.pp)
         d_bytes, d_kv, d_params = dm.weight_bytes_per_gpu, dm.kv_bytes_per_token_per_gpu, dm.params
-    elif mode.in_target:  # one MTP layer: roughly a trunk layer plus the projection, sharing embedding and head
+    elif mode.in_target or mode.draft_head:
+        # one MTP layer or draft head: roughly a trunk layer plus the projection, sharing embedding and head
         layers = target.config["num_hidden_layers"]
         d_bytes = tm.weight_bytes_per_gpu / layers
         d_kv = tm.kv_bytes_per_token_per_gpu / (layers + 1)

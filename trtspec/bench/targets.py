@@ -24,7 +24,7 @@ def served_model(cfg) -> tuple[str, dict]:
     """The model a client calls for this config's flavour and mode, and the inputs it needs."""
     if cfg.serve.flavour == "llmapi":
         return "tensorrt_llm", {}
-    if get_mode(cfg.mode).needs_draft:  # the BLS runs the draft engine, then the target
+    if get_mode(cfg.mode).draft_engine:  # the BLS runs the draft engine, then the target
         from trtspec.build.builder import engine_dir_for, resolve_num_draft_tokens
 
         return "tensorrt_llm_bls", {"num_draft_tokens": resolve_num_draft_tokens(cfg, engine_dir_for(cfg))}

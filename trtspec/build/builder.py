@@ -120,7 +120,7 @@ def _limits(cfg: DeploymentConfig) -> dict[str, Any]:
 
 def _roles(cfg: DeploymentConfig) -> list[tuple[str, ModelSection]]:
     roles = [("target", cfg.target)]
-    if get_mode(cfg.mode).needs_draft and cfg.draft is not None:
+    if get_mode(cfg.mode).draft_engine and cfg.draft is not None:
         roles.append(("draft", cfg.draft))
     return roles
 
@@ -140,7 +140,7 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
         speculating = role == "target" and spec.speculates()
         build = {
             **_limits(cfg),
-            "max_draft_len": spec.engine_draft_len(k) if speculating else 0,
+            "max_draft_len": spec.engine_draft_len(cfg, k) if speculating else 0,
             "speculative_decoding_mode": spec.torch_engine_mode if speculating else "none",
         }
         if role == "target" and spec.section == "mtp":
@@ -312,9 +312,9 @@ def serving_decisions(cfg: DeploymentConfig, k: int) -> dict[str, Any]:
 
     decisions: dict[str, Any] = {}
     spec = get_mode(cfg.mode)
-    if spec.engine_draft_len(k) > k and cfg.build.backend in ("tensorrt", "torch"):
+    if spec.engine_draft_len(cfg, k) > k and cfg.build.backend in ("tensorrt", "torch"):
         decisions["target_max_draft_len"] = {
-            "value": spec.engine_draft_len(k),
+            "value": spec.engine_draft_len(cfg, k),
             "num_draft_tokens": k,
             "why": "room for NVIDIA's documented num_draft_tokens 10; requests above it are refused",
         }

@@ -147,11 +147,11 @@ def trtllm_build_command(
         args.append(f"--speculative_decoding_mode={engine_mode}")
     args.append(f"--max_batch_size={b.max_batch_size}")
     if speculating_target:
-        args.append(f"--max_draft_len={get_mode(cfg.mode).engine_draft_len(num_draft_tokens)}")
+        args.append(f"--max_draft_len={get_mode(cfg.mode).engine_draft_len(cfg, num_draft_tokens)}")
     args += [f"--max_input_len={b.max_input_len}", f"--max_seq_len={b.max_seq_len}"]
     if b.max_num_tokens is not None:
         args.append(f"--max_num_tokens={b.max_num_tokens}")
-    if get_mode(cfg.mode).needs_draft:
+    if get_mode(cfg.mode).draft_engine:
         # NVIDIA's BLS asks both engines for generation logits when a request sets use_draft_logits (the
         # documented request does): without them that request fails, so both always keep them
         args.append("--gather_generation_logits")
@@ -184,10 +184,10 @@ def engine_expectations(
         mode = spec.torch_engine_mode
         want["build_config.speculative_decoding_mode"] = (mode, f"speculative mode {mode}")
     if speculating:
-        longest = spec.engine_draft_len(num_draft_tokens)
+        longest = spec.engine_draft_len(cfg, num_draft_tokens)
         flag = f"--max_draft_len={longest}" if backend == "tensorrt" else f"max_draft_len {longest}"
         want["build_config.max_draft_len"] = (longest, flag)
-    if backend == "tensorrt" and spec.needs_draft:
+    if backend == "tensorrt" and spec.draft_engine:
         want["build_config.gather_generation_logits"] = (True, "--gather_generation_logits")
     if vocab_size is not None:
         want["pretrained_config.vocab_size"] = (vocab_size, "the checkpoint's vocab_size (convert it again)")

@@ -54,7 +54,7 @@ def memory_plan(cfg: DeploymentConfig) -> MemoryPlan | None:
 def shared_gpu_plan(cfg: DeploymentConfig) -> SharedGPUPlan | None:
     """None unless two compiled engines share GPUs (backend tensorrt, mode draft-target)."""
     b = cfg.build
-    if b.backend != "tensorrt" or not get_mode(cfg.mode).needs_draft or cfg.draft is None:
+    if b.backend != "tensorrt" or not get_mode(cfg.mode).draft_engine or cfg.draft is None:
         return None
     devices = ",".join(str(i) for i in range(b.tp * b.pp))
     needed = b.max_batch_size * b.max_seq_len

@@ -38,7 +38,7 @@ def trtllm_model_names(cfg: DeploymentConfig) -> list[str]:
     """The models ranks other than 0 load: TensorRT-LLM's own, in the repository contract's names."""
     if cfg.serve.flavour == "llmapi":
         return ["tensorrt_llm"]
-    return ["tensorrt_llm", "tensorrt_llm_draft"] if get_mode(cfg.mode).needs_draft else ["tensorrt_llm"]
+    return ["tensorrt_llm", "tensorrt_llm_draft"] if get_mode(cfg.mode).draft_engine else ["tensorrt_llm"]
 
 
 def rank_argv(

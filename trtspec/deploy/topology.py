@@ -36,7 +36,7 @@ class Topology:
 def orchestrated(cfg: DeploymentConfig) -> bool:
     """Compiled draft + target engines: NVIDIA launches them with --multi-model (orchestrator mode),
     one tritonserver that spawns the engines' workers itself, on one node only."""
-    return cfg.serve.flavour == "engine" and get_mode(cfg.mode).needs_draft and cfg.build.backend == "tensorrt"
+    return cfg.serve.flavour == "engine" and get_mode(cfg.mode).draft_engine and cfg.build.backend == "tensorrt"
 
 
 def topology(cfg: DeploymentConfig) -> Topology:

@@ -45,6 +45,7 @@ class SpecMode:
     name: ClassVar[str]
     support: ClassVar[tuple[Support, ...]]  # one row per backend in BACKENDS
     needs_draft: ClassVar[bool] = False  # a second checkpoint: the `draft` section and a draft engine/model
+    draft_engine: ClassVar[bool] = False  # the draft runs as a model of its own: a second engine, Triton's BLS loop
     draft_head: ClassVar[bool] = False  # that checkpoint is a head on the target's states: no tokenizer of its own
     in_target: ClassVar[bool] = False  # the target drafts by itself (MTP layers, heads): one engine, no draft model
     refuses_draft: ClassVar[bool] = False  # a `draft` section is a mistake (the drafter is elsewhere)
@@ -80,7 +81,7 @@ class SpecMode:
         """LLM API options the mode sets besides speculative_config."""
         return dict(self.llm_api_extra)
 
-    def engine_draft_len(self, k: int) -> int:
+    def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
         """The target engine's max_draft_len for K drafts per step."""
         return k
 

@@ -47,13 +47,14 @@ class DraftTarget(SpecMode):
         Support("draft-target", "torch", None, None, TORCH_RUNNER_FAMILIES, note="trtspec runner, CPU or GPU"),
     )
     needs_draft: ClassVar[bool] = True
+    draft_engine: ClassVar[bool] = True
     decoding_types: ClassVar[tuple[str, ...]] = ("DraftTarget", "Draft_Target")
     engine_mode: ClassVar[str | None] = "draft_tokens_external"
     torch_engine_mode: ClassVar[str | None] = "draft_tokens_external"
     engine_streams: ClassVar[bool] = False
     llm_api_extra: ClassVar[dict[str, Any]] = {"disable_overlap_scheduler": True}  # two-model speculation does
 
-    def engine_draft_len(self, k: int) -> int:
+    def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
         return max(k, MAX_DRAFT_LEN_HEADROOM)
 
     @staticmethod

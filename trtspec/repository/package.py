@@ -72,7 +72,7 @@ def _sampling(cfg: DeploymentConfig) -> dict:
 
 
 def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
-    draft = str(engines / "draft") if get_mode(cfg.mode).needs_draft else None
+    draft = str(engines / "draft") if get_mode(cfg.mode).draft_engine else None
     options = llm_api_options(cfg, k, draft)
     options.update(model=str(engines / "target"), backend="torch")  # NVIDIA's model would say pytorch
     if "speculative_config" in options:
@@ -112,7 +112,7 @@ def _torch_llmapi(cfg: DeploymentConfig, out: Path) -> None:
 
 def _engine_models(cfg: DeploymentConfig, p: engine.EngineParams, backend: str, draft_dir: str, extra: dict) -> dict:
     """name -> ModelConfig for the engine flavour, the same set and wiring for both engines."""
-    speculating = get_mode(cfg.mode).needs_draft  # the BLS orchestrates a draft engine
+    speculating = get_mode(cfg.mode).draft_engine  # the BLS orchestrates a draft engine
     models = {
         "ensemble": engine.ensemble_config(p),
         "preprocessing": engine.preprocessing_config(p),
@@ -190,7 +190,7 @@ def _nvidia_engine(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: s
     """tensorrt backend: NVIDIA's inflight_batcher_llm python models beside the tensorrtllm backend."""
     b = cfg.build
     engines = f"{root}/engines/{cfg.name}"
-    speculating = get_mode(cfg.mode).needs_draft
+    speculating = get_mode(cfg.mode).draft_engine
     share = shared_gpu_plan(cfg)
     p = engine.EngineParams(
         max_batch_size=b.max_batch_size,
