@@ -445,3 +445,81 @@ def test_check_holds_the_eagle3_head_to_its_target(tmp_path, head, layers, cause
     causes = {f.code for f in report.findings}
     assert cause in causes, causes
     assert "tokenizer-mismatch" not in causes and not any(c.startswith("tokenizer") for c in causes)
+
+
+# --- lookahead ------------------------------------------------------------------------------------------------
+
+
+def test_lookahead_draft_len_is_nvidias_formula():
+    from trtspec.modes.lookahead import lookahead_draft_len
+
+    assert lookahead_draft_len(7, 7, 7) == 83  # examples/lookahead/README.md
+    assert lookahead_draft_len(1, 1, 0) == 0  # "(1, 1, 0)": no speculation
+    assert lookahead_draft_len(2, 2, 1) == 2 and lookahead_draft_len(4, 3, 2) == 1 + 5 * 2
+
+
+def test_a_lookahead_engine_is_built_and_served_with_the_same_w_n_g(tmp_path, runner, monkeypatch):
+    """trtllm-build gets max_draft_len from (W, N, G); Triton's tensorrt_llm model gets the same (W, N, G)."""
+    from trtspec.repository import contract
+    from trtspec.repository.pbtxt import parse
+
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load((REPO / "configs" / "llama-3.1-8b-lookahead.yaml").read_text())
+    data["lookahead"] = {"window_size": 4, "ngram_size": 3, "verification_set_size": 2}
+    (tmp_path / "la.yaml").write_text(yaml.safe_dump(data))
+    res = runner.invoke(cli, ["build", "la.yaml", "--emit-script", "build.sh"])
+    assert res.exit_code == 0, res.output
+    build = next(line for line in (tmp_path / "build.sh").read_text().splitlines() if line.startswith("trtllm-build"))
+    assert "--speculative_decoding_mode=lookahead_decoding" in build and "--max_draft_len=11" in build
+    assert "--gather_generation_logits" not in build  # no draft model asks for logits
+    repo = tmp_path / "model_repository" / "llama-3-1-8b-lookahead"
+    assert not (repo / "tensorrt_llm_draft").exists()
+    params = {
+        k: v.string_value for k, v in parse((repo / "tensorrt_llm" / "config.pbtxt").read_text()).parameters.items()
+    }
+    assert params["decoding_mode"] == "lookahead"
+    assert (
+        params["lookahead_window_size"],
+        params["lookahead_ngram_size"],
+        params["lookahead_verification_set_size"],
+    ) == (
+        "4",
+        "3",
+        "2",
+    )
+    assert contract.violations(repo) == []
+    cfg = load_config(tmp_path / "la.yaml")
+    want = recipes.engine_expectations(cfg, "target", 11, None, "tensorrt")
+    assert want["build_config.speculative_decoding_mode"][0] == 8  # SpeculativeDecodingMode.LOOKAHEAD_DECODING
+    assert want["build_config.max_draft_len"][0] == 11
+
+
+def test_check_refuses_w_n_g_the_built_engine_does_not_match(tmp_path, runner, monkeypatch):
+    from trtspec.build.builder import engine_dir_for
+    from trtspec.check import run_check
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(REPO / "configs" / "llama-3.1-8b-lookahead.yaml")
+    built = engine_dir_for(cfg) / "target"
+    built.mkdir(parents=True)
+    (built / "config.json").write_text(json.dumps({"build_config": {"max_draft_len": 83}}))
+    assert "lookahead-draft-len" not in {f.code for f in run_check(cfg).findings}
+    (built / "config.json").write_text(json.dumps({"build_config": {"max_draft_len": 23}}))
+    found = [f for f in run_check(cfg).findings if f.code == "lookahead-draft-len"]
+    assert found and found[0].severity == "error" and "needs 83" in found[0].message
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"lookahead": {"window_size": 1, "ngram_size": 1, "verification_set_size": 0}}, "drafts nothing"),
+        ({"speculation": {"mode": "lookahead", "num_draft_tokens": 4}}, "follow from its (W, N, G)"),
+        ({"build": {"backend": "pytorch"}, "serve": {"flavour": "llmapi"}}, "mode lookahead does not exist on backend"),
+    ],
+)
+def test_lookahead_settings_that_cannot_work_are_refused(change, message):
+    data = yaml.safe_load((REPO / "configs" / "llama-3.1-8b-lookahead.yaml").read_text())
+    for key, value in change.items():
+        data[key] = {**data.get(key, {}), **value} if key == "build" else value
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_config(data)

@@ -134,7 +134,7 @@ def validate(config: Path, as_json: bool) -> None:
     if as_json:
         _print_json(resolved)
         return
-    k = cfg.speculation.num_draft_tokens
+    k = get_mode(cfg.mode).fixed_draft_len(cfg) or cfg.speculation.num_draft_tokens
     click.echo(
         f"{config}: ok: {cfg.name}: mode {cfg.mode}, backend {cfg.build.backend}, "
         f"flavour {cfg.serve.flavour}, num_draft_tokens {k}"

@@ -112,6 +112,16 @@ class Eagle3Section(_Section):
     )
 
 
+class LookaheadSection(_Section):
+    """Lookahead's (W, N, G) (trtspec.modes.lookahead): the engine's max_draft_len follows from them."""
+
+    window_size: PositiveInt = Field(default=7, le=64, description="W: future positions per Jacobi step")
+    ngram_size: PositiveInt = Field(default=7, le=64, description="N: length of the n-grams in the pool")
+    verification_set_size: Annotated[Int, Field(ge=0, le=64)] = Field(
+        default=7, description="G: candidate n-grams verified per step"
+    )
+
+
 class SamplingSection(_Section):
     """Defaults for requests that do not say; temperature 0 means greedy."""
 
@@ -291,6 +301,7 @@ class DeploymentConfig(_Section):
     mtp: MTPSection | None = None
     ngram: NGramSection | None = None
     eagle3: Eagle3Section | None = None
+    lookahead: LookaheadSection | None = None
     speculation: SpeculationSection = SpeculationSection()
     build: BuildSection = BuildSection()
     serve: ServeSection = ServeSection()

@@ -77,7 +77,7 @@ def build_config_dict(
     flavour = "engine" if backend == "tensorrt" else "llmapi"
     data["speculation"] = {
         "mode": mode,
-        "num_draft_tokens": spec.default_k,
+        **({"num_draft_tokens": spec.default_k} if spec.default_k is not None else {}),
         "policy": "auto",
         "max_concurrency": None,
         "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 128},

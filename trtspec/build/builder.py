@@ -86,8 +86,11 @@ def trtllm_available() -> bool:
 
 def resolve_num_draft_tokens(cfg: DeploymentConfig, engine_dir: Path) -> int:
     """The K to build for; `auto` takes plan.json's recommendation (`trtspec plan` writes it there)."""
-    if not get_mode(cfg.mode).speculates():
+    spec = get_mode(cfg.mode)
+    if not spec.speculates():
         return 0
+    if (fixed := spec.fixed_draft_len(cfg)) is not None:
+        return fixed
     k = cfg.speculation.num_draft_tokens
     if isinstance(k, int):
         return k
@@ -312,7 +315,7 @@ def serving_decisions(cfg: DeploymentConfig, k: int) -> dict[str, Any]:
 
     decisions: dict[str, Any] = {}
     spec = get_mode(cfg.mode)
-    if spec.engine_draft_len(cfg, k) > k and cfg.build.backend in ("tensorrt", "torch"):
+    if spec.draft_engine and spec.engine_draft_len(cfg, k) > k and cfg.build.backend in ("tensorrt", "torch"):
         decisions["target_max_draft_len"] = {
             "value": spec.engine_draft_len(cfg, k),
             "num_draft_tokens": k,

@@ -23,9 +23,10 @@ MODELOPT_QFORMATS = {"fp8": "fp8", "int4_awq": "int4_awq", "nvfp4": "nvfp4"}
 # quantization -> convert_checkpoint.py's weight-only precision.
 WEIGHT_ONLY = {"int8_weight_only": "int8", "int4_weight_only": "int4"}
 # build_config.speculative_decoding_mode in an engine's config.json is SpeculativeDecodingMode, an
-# IntFlag serialised as its value: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2 (tensorrt_llm/models/modeling_utils.py).
+# IntFlag serialised as its value, its members auto() in order: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2, MEDUSA = 4,
+# LOOKAHEAD_DECODING = 8 (tensorrt_llm/models/modeling_utils.py).
 # Keyed by the --speculative_decoding_mode name a mode declares (SpecMode.engine_mode).
-ENGINE_SPEC_MODES = {"none": 1, "draft_tokens_external": 2}
+ENGINE_SPEC_MODES = {"none": 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_decoding": 8}
 
 
 @dataclass(frozen=True)

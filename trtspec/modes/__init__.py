@@ -7,13 +7,16 @@ from trtspec.modes.auto import Auto
 from trtspec.modes.base import BACKENDS, SpecMode, Support
 from trtspec.modes.draft_target import DraftTarget
 from trtspec.modes.eagle3 import Eagle3
+from trtspec.modes.lookahead import Lookahead
 from trtspec.modes.mtp import MTP
 from trtspec.modes.ngram import NGram
 from trtspec.modes.none import NoSpeculation
 
-REGISTRY: dict[str, SpecMode] = {m.name: m for m in (DraftTarget(), Eagle3(), MTP(), NGram(), Auto(), NoSpeculation())}
+REGISTRY: dict[str, SpecMode] = {
+    m.name: m for m in (DraftTarget(), Eagle3(), MTP(), NGram(), Auto(), Lookahead(), NoSpeculation())
+}
 MODE_NAMES: tuple[str, ...] = tuple(REGISTRY)
-# what the torch runner can run (`generate --mode`, the bench): every mode claims the torch backend today
+# what the torch runner can run (`generate --mode`, the bench)
 RUNNER_MODES: tuple[str, ...] = tuple(m.name for m in REGISTRY.values() if m.row("torch").exists)
 
 

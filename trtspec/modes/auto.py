@@ -49,7 +49,7 @@ class Auto(SpecMode):
     )
     refuses_draft: ClassVar[bool] = True
     decoding_types: ClassVar[tuple[str, ...]] = ("AUTO",)
-    default_k: ClassVar[int] = max(k for _, k, _ in HEURISTIC)
+    default_k: ClassVar[int | None] = max(k for _, k, _ in HEURISTIC)
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         errors = []

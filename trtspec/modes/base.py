@@ -56,7 +56,7 @@ class SpecMode:
     torch_engine_mode: ClassVar[str | None] = None  # the mode trtspec's torch engine stand-ins record
     engine_streams: ClassVar[bool] = True  # the engine flavour can stream it (the BLS loop cannot)
     llm_api_extra: ClassVar[dict[str, Any]] = {}  # LLM API options the mode sets besides speculative_config
-    default_k: ClassVar[int] = 4  # what `trtspec init` writes
+    default_k: ClassVar[int | None] = 4  # what `trtspec init` writes (None: the mode's settings fix K)
 
     def row(self, backend: str) -> Support:
         for row in self.support:
@@ -80,6 +80,10 @@ class SpecMode:
     def extra_options(self, cfg: DeploymentConfig) -> dict[str, Any]:
         """LLM API options the mode sets besides speculative_config."""
         return dict(self.llm_api_extra)
+
+    def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
+        """Drafts per step the mode's own settings fix (None: speculation.num_draft_tokens)."""
+        return None
 
     def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
         """The target engine's max_draft_len for K drafts per step."""
@@ -109,6 +113,10 @@ class SpecMode:
     def served_draft_len(self, spec: dict[str, Any]) -> int:
         """K as a served model.yaml's speculative_config gives it."""
         return int(spec.get("max_draft_len") or 0)
+
+    def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
+        """Parameters of the tensorrt_llm model's config.pbtxt the mode sets (NVIDIA's template keys)."""
+        return {}
 
     def k_policy(self) -> KPolicy | None:
         """K per step the mode prescribes itself (None: the config's policy, fixed or adaptive)."""

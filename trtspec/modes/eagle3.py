@@ -46,7 +46,7 @@ class Eagle3(SpecMode):
     draft_head: ClassVar[bool] = True
     section: ClassVar[str | None] = "eagle3"
     decoding_types: ClassVar[tuple[str, ...]] = ("Eagle", "Eagle3")
-    default_k: ClassVar[int] = 3
+    default_k: ClassVar[int | None] = 3
 
     @staticmethod
     def settings(cfg: DeploymentConfig) -> Eagle3Section:

@@ -49,7 +49,7 @@ class MTP(SpecMode):
     section: ClassVar[str | None] = "mtp"
     decoding_types: ClassVar[tuple[str, ...]] = ("MTP",)
     torch_engine_mode: ClassVar[str | None] = "mtp"
-    default_k: ClassVar[int] = 3
+    default_k: ClassVar[int | None] = 3
 
     def speculative_config(self, cfg: DeploymentConfig, k: int, draft_dir: str | None) -> dict[str, Any] | None:
         # through 1.2 the depth is num_nextn_predict_layers, which overwrites max_draft_len; the 1.3

@@ -202,7 +202,9 @@ def _nvidia_engine(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: s
         gpu_device_ids=share.gpu_device_ids if share else None,
         instances=cfg.serve.instances,
     )
-    models = _engine_models(cfg, p, "tensorrtllm", f"{engines}/draft", {})
+    # the mode's own settings on the tensorrt_llm model (lookahead's W, N, G; Medusa's choices)
+    extra = {"tensorrt_llm": get_mode(cfg.mode).triton_parameters(cfg)}
+    models = _engine_models(cfg, p, "tensorrtllm", f"{engines}/draft", extra)
     for name, config in models.items():
         links = nvidia_links(name, nvidia_models) if name in NVIDIA_PYTHON_MODELS else None
         _write(out / name, config, links=links)

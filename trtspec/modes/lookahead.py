@@ -1,0 +1,129 @@
+"""Lookahead decoding: the target drafts for itself by Jacobi iteration over a window of future positions,
+keeping an n-gram pool of what it has seen; no draft model and no training. Compiled engines only.
+
+Sources (github.com/NVIDIA/TensorRT-LLM): examples/lookahead/README.md @ 7ed07f06 and @ 83ab45a5 (build the
+target with `--speculative_decoding_mode=lookahead_decoding --max_draft_len=<f(W,N,G)>`, where f is
+`(0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1)`, (7, 7, 7) -> 83; the server's (W, N, G) must give the
+engine's max_draft_len; a request's (w, n, g) may not exceed it; SM >= 8.0); Triton's tensorrt_llm
+config.pbtxt parameters lookahead_window_size, lookahead_ngram_size, lookahead_verification_set_size and
+decoding_mode `lookahead` (triton_backend all_models, ref triton-model-repository §1.4);
+`SpeculativeDecodingMode.LOOKAHEAD_DECODING` (tensorrt_llm/models/modeling_utils.py). The engine path ends
+with 1.2.x; `LookaheadDecodingConfig` is not a pytorch-backend config.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trtspec.families import ENGINE_FAMILIES
+from trtspec.modes.base import SpecMode, Support
+from trtspec.versions import supported_minors
+
+if TYPE_CHECKING:
+    from trtspec.check import Report
+    from trtspec.checkpoints.inspect import CheckpointInfo
+    from trtspec.config import DeploymentConfig, LookaheadSection
+
+
+def lookahead_draft_len(window: int, ngram: int, verification: int) -> int:
+    """The engine's max_draft_len for a server's (W, N, G), as examples/lookahead/README.md gives it."""
+    return (0 if ngram == 1 else ngram - 2) + (window - 1 + verification) * (ngram - 1)
+
+
+class Lookahead(SpecMode):
+    name: ClassVar[str] = "lookahead"
+    support: ClassVar[tuple[Support, ...]] = (
+        Support(
+            "lookahead",
+            "tensorrt",
+            supported_minors(),
+            8.0,
+            ENGINE_FAMILIES,
+            note="target built with lookahead_decoding + max_draft_len f(W,N,G); Triton lookahead_* parameters",
+        ),
+        Support("lookahead", "pytorch", (), None, (), note="does not exist: LookaheadDecodingConfig is engines only"),
+        Support("lookahead", "torch", (), None, (), note="not in trtspec's runner yet (the runner issue after #22)"),
+    )
+    in_target: ClassVar[bool] = True
+    refuses_draft: ClassVar[bool] = True
+    section: ClassVar[str | None] = "lookahead"
+    engine_mode: ClassVar[str | None] = "lookahead_decoding"
+    default_k: ClassVar[int | None] = None
+
+    @staticmethod
+    def settings(cfg: DeploymentConfig) -> LookaheadSection:
+        from trtspec.config import LookaheadSection
+
+        return cfg.lookahead or LookaheadSection()
+
+    def draft_len(self, cfg: DeploymentConfig) -> int:
+        s = self.settings(cfg)
+        return lookahead_draft_len(s.window_size, s.ngram_size, s.verification_set_size)
+
+    def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
+        return self.draft_len(cfg)  # set by (W, N, G); speculation.num_draft_tokens does not apply
+
+    def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
+        return self.draft_len(cfg)
+
+    def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
+        errors = []
+        s, b = self.settings(cfg), cfg.build
+        if "num_draft_tokens" in cfg.speculation.model_fields_set:
+            errors.append(("speculation.num_draft_tokens", "lookahead's drafts follow from its (W, N, G); remove it"))
+        if self.draft_len(cfg) < 1:
+            errors.append(
+                (
+                    "lookahead",
+                    f"(W, N, G) = ({s.window_size}, {s.ngram_size}, {s.verification_set_size})"
+                    " drafts nothing; (2, 2, 1) is the smallest that speculates",
+                )
+            )
+        elif b.max_seq_len < b.max_input_len + self.draft_len(cfg) + 1:
+            errors.append(
+                (
+                    "build.max_seq_len",
+                    f"must leave room for the prompt, lookahead's {self.draft_len(cfg)}"
+                    f" draft tokens and one output token: >= {b.max_input_len + self.draft_len(cfg) + 1}",
+                )
+            )
+        return errors
+
+    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
+        from trtspec.config import LookaheadSection
+
+        return {"lookahead": LookaheadSection().model_dump()}
+
+    def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
+        s = self.settings(cfg)
+        return {
+            "decoding_mode": "lookahead",
+            "lookahead_window_size": str(s.window_size),
+            "lookahead_ngram_size": str(s.ngram_size),
+            "lookahead_verification_set_size": str(s.verification_set_size),
+        }
+
+    def check(
+        self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
+    ) -> None:
+        """The server's (W, N, G) must reproduce the engine's max_draft_len: an engine built for other
+        settings is found here, not when the server refuses to start."""
+        from trtspec.build.builder import engine_dir_for
+
+        built = engine_dir_for(cfg) / "target" / "config.json"
+        if not built.is_file():
+            return
+        try:
+            longest = json.loads(built.read_text(encoding="utf-8")).get("build_config", {}).get("max_draft_len")
+        except (OSError, ValueError):
+            return
+        s = self.settings(cfg)
+        if longest != self.draft_len(cfg):
+            report.add(
+                "error",
+                "lookahead-draft-len",
+                f"{built}: the engine has max_draft_len {longest}; lookahead ({s.window_size}, {s.ngram_size}, "
+                f"{s.verification_set_size}) needs {self.draft_len(cfg)}",
+                "rebuild the engine (trtspec build) or set lookahead back to the settings it was built with",
+            )
