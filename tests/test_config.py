@@ -103,7 +103,7 @@ MALFORMED = [
     ),
     ("seq-len-too-small", _with("build.max_seq_len", 1027), "build.max_seq_len", ">= 1029"),
     ("input-above-seq", _with("build.max_input_len", 4096), "build.max_input_len", "must be below max_seq_len"),
-    ("bad-mode", _with("speculation.mode", "medusa"), "speculation.mode", "must be one of"),
+    ("bad-mode", _with("speculation.mode", "redrafter"), "speculation.mode", "must be one of"),
     ("bad-backend", _with("build.backend", "onnx"), "build.backend", "must be one of"),
     ("draft-target-without-draft", _with("draft", ...), "draft", "required when speculation.mode is draft-target"),
     (

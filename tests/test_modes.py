@@ -243,7 +243,7 @@ def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, 
         assert res.exit_code == 0, res.output
         repo = tmp_path / "model_repository" / "walk"
         if cfg.serve.flavour == "engine":
-            assert (repo / "tensorrt_llm_draft").is_dir() == mode.needs_draft
+            assert (repo / "tensorrt_llm_draft").is_dir() == mode.draft_engine
             assert f"--speculative_decoding_mode={mode.engine_mode}" in (tmp_path / "build.sh").read_text() or (
                 mode.engine_mode is None
             )
@@ -523,3 +523,80 @@ def test_lookahead_settings_that_cannot_work_are_refused(change, message):
         data[key] = {**data.get(key, {}), **value} if key == "build" else value
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate_config(data)
+
+
+# --- Medusa ---------------------------------------------------------------------------------------------------
+
+
+def test_medusa_converts_target_and_heads_as_nvidias_readme_does(tmp_path):
+    """examples/medusa/README.md: convert_checkpoint.py --model_dir vicuna --medusa_model_dir heads --output_dir
+    --dtype float16 --num_medusa_heads 4; trtllm-build --speculative_decoding_mode medusa (no --max_draft_len)."""
+    from trtspec.build.builder import tensorrt_commands
+
+    cfg = load_config(REPO / "configs" / "vicuna-7b-medusa.yaml")
+    convert, build = tensorrt_commands(cfg, "target", cfg.target, "/m/vicuna", 0, "/w", "/out", "/m/heads")
+    assert (convert.program, convert.family) == ("convert_checkpoint.py", "medusa")
+    assert convert.args == (
+        "--model_dir=/m/vicuna",
+        "--medusa_model_dir=/m/heads",
+        "--output_dir=/w/target-ckpt",
+        "--dtype=float16",
+        "--num_medusa_heads=4",
+    )
+    assert "--speculative_decoding_mode=medusa" in build.args
+    assert not any(a.startswith("--max_draft_len") for a in build.args)
+    want = recipes.engine_expectations(cfg, "target", 63, None, "tensorrt")
+    assert want["build_config.speculative_decoding_mode"][0] == 4  # SpeculativeDecodingMode.MEDUSA
+    assert want["build_config.max_draft_len"][0] == 63  # from the converted checkpoint's max_medusa_token_len
+
+
+def test_medusa_is_served_by_one_engine_with_its_tree(tmp_path, runner, monkeypatch):
+    from trtspec.repository import contract
+    from trtspec.repository.pbtxt import parse
+
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
+    data["medusa"]["choices"] = [[0], [0, 0], [1], [0, 1]]
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    res = runner.invoke(cli, ["build", "m.yaml", "--emit-script", "build.sh"])
+    assert res.exit_code == 0, res.output
+    script = (tmp_path / "build.sh").read_text()
+    assert 'huggingface-cli download FasterDecoding/medusa-vicuna-7b-v1.3 --local-dir "$WORK/hf-draft"' in script
+    assert '"--medusa_model_dir=$WORK/hf-draft"' in script
+    repo = tmp_path / "model_repository" / "vicuna-7b-medusa"
+    assert not (repo / "tensorrt_llm_draft").exists()
+    params = {
+        k: v.string_value for k, v in parse((repo / "tensorrt_llm" / "config.pbtxt").read_text()).parameters.items()
+    }
+    assert params["decoding_mode"] == "medusa" and params["medusa_choices"] == "{0}, {0, 0}, {1}, {0, 1}"
+    assert contract.violations(repo) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"medusa": {"num_heads": 2, "choices": [[0], [0, 0, 0]]}}, "a path of depth 3 needs 3 heads"),
+        ({"medusa": {"max_token_len": 2, "choices": [[0], [1], [2]]}}, "3 nodes, more than max_token_len 2"),
+        ({"target": {"checkpoint": "lmsys/vicuna-7b-v1.3", "quantization": "fp8"}}, "FP16/BF16 weights only"),
+        ({"speculation": {"mode": "medusa", "num_draft_tokens": 4}}, "Medusa's drafts are its tree"),
+        ({"draft": None}, "draft: required when speculation.mode is medusa"),
+    ],
+)
+def test_medusa_settings_that_cannot_build_are_refused(change, message):
+    data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
+    data.update(change)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_config(data)
+
+
+def test_check_refuses_more_medusa_heads_than_the_checkpoint_has(tmp_path):
+    from trtspec.check import run_check
+
+    target = make_checkpoint(tmp_path / "t", vocab=8, hidden=16, layers=2)
+    heads = _head(tmp_path / "h", medusa_num_heads=3)
+    data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
+    data["target"], data["draft"] = {"checkpoint": str(target)}, {"checkpoint": str(heads)}
+    found = {f.code: f for f in run_check(validate_config(data)).findings}
+    assert found["medusa-heads"].severity == "error" and "has 3" in found["medusa-heads"].message
+    data["medusa"]["num_heads"] = 3
+    assert "medusa-heads" not in {f.code for f in run_check(validate_config(data)).findings}

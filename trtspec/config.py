@@ -122,6 +122,18 @@ class LookaheadSection(_Section):
     )
 
 
+class MedusaSection(_Section):
+    """Medusa settings (trtspec.modes.medusa); the heads checkpoint is the `draft` section."""
+
+    num_heads: PositiveInt = Field(default=4, le=16, description="num_medusa_heads: heads the tree may use")
+    max_token_len: PositiveInt = Field(
+        default=63, le=1024, description="max_medusa_token_len: tree nodes, the engine's max_draft_len"
+    )
+    choices: list[list[Annotated[Int, Field(ge=0)]]] | None = Field(
+        default=None, description="medusa_choices: the tree's paths, [[0], [0, 0], [1], ...]; default mc_sim_7b_63"
+    )
+
+
 class SamplingSection(_Section):
     """Defaults for requests that do not say; temperature 0 means greedy."""
 
@@ -302,6 +314,7 @@ class DeploymentConfig(_Section):
     ngram: NGramSection | None = None
     eagle3: Eagle3Section | None = None
     lookahead: LookaheadSection | None = None
+    medusa: MedusaSection | None = None
     speculation: SpeculationSection = SpeculationSection()
     build: BuildSection = BuildSection()
     serve: ServeSection = ServeSection()

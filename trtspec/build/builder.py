@@ -182,16 +182,25 @@ def _family(path: Path | None) -> Family | None:
 
 
 def tensorrt_commands(
-    cfg: DeploymentConfig, role: str, section: ModelSection, model_dir: str, k: int, work: str, out: str
+    cfg: DeploymentConfig,
+    role: str,
+    section: ModelSection,
+    model_dir: str,
+    k: int,
+    work: str,
+    out: str,
+    heads_dir: str | None = None,
 ) -> list[Command]:
-    """convert (or quantize) then trtllm-build, for one model."""
+    """convert (or quantize) then trtllm-build, for one model; a mode whose heads are folded into the
+    target (Medusa) converts the target with its own script, given the heads' directory."""
     path = cfg.checkpoint_path(section)
     dtype = trt_dtype(section, _hf_dtype(path))
     ckpt = f"{work}/{role}-ckpt"
-    return [
-        convert_command(cfg, section, model_dir, ckpt, _family(path), dtype),
-        trtllm_build_command(cfg, section, ckpt, out, dtype, role, k),
-    ]
+    family = _family(path)
+    own = get_mode(cfg.mode).convert_command(cfg, section, model_dir, heads_dir, ckpt, family, dtype)
+    if own is None or role != "target":
+        own = convert_command(cfg, section, model_dir, ckpt, family, dtype)
+    return [own, trtllm_build_command(cfg, section, ckpt, out, dtype, role, k)]
 
 
 def _run_logged(argv: list[str], log: Path, cwd: Path | None = None) -> CommandRecord:
@@ -242,16 +251,22 @@ def _tensorrt_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any],
             "num_draft_tokens": k if role == "target" else None,
             "use_draft_logits": cfg.speculation.use_draft_logits,
         }
+        heads = _heads(cfg)
+        if role == "target" and heads is not None:  # folded into the target: new heads, new engine
+            inputs["heads"] = fingerprints["draft"]["digest"]
 
         def run(staging: Path, log: Path, role=role, section=section, ref=ref) -> list[CommandRecord]:
-            if cfg.checkpoint_path(section) is None:
-                raise UsageError(
-                    f"{role}.checkpoint {ref} is a hub id: download it (huggingface-cli download) and point the "
-                    "config at the directory, or use --emit-script, which downloads it"
-                )
+            heads = _heads(cfg) if role == "target" else None
+            for name, needed in ((role, section), ("draft", heads)):
+                if needed is not None and cfg.checkpoint_path(needed) is None:
+                    raise UsageError(
+                        f"{name}.checkpoint {needed.checkpoint} is a hub id: download it (huggingface-cli download)"
+                        " and point the config at the directory, or use --emit-script, which downloads it"
+                    )
+            heads_dir = str(cfg.checkpoint_path(heads)) if heads is not None else None
             examples = _examples_dir(cfg.build.tensorrt_llm_version)
             records = []
-            for command in tensorrt_commands(cfg, role, section, ref, k, str(work), str(staging)):
+            for command in tensorrt_commands(cfg, role, section, ref, k, str(work), str(staging), heads_dir):
                 program = convert_script_path(examples, command)
                 argv = (["python3", str(program)] if command.is_script else [command.program]) + list(command.args)
                 records.append(_run_logged(argv, log))
@@ -259,7 +274,8 @@ def _tensorrt_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any],
             verify_engine(staging, cfg, role, k, "tensorrt")
             return records
 
-        commands = tensorrt_commands(cfg, role, section, ref, k, "$WORK", f"{engine_dir}/{role}")
+        heads_ref = _checkpoint(cfg, heads)[0] if role == "target" and heads is not None else None
+        commands = tensorrt_commands(cfg, role, section, ref, k, "$WORK", f"{engine_dir}/{role}", heads_ref)
         steps.append(Step(role, role, inputs, commands, f"convert and build the {role} engine", run))
     return steps
 
@@ -347,12 +363,20 @@ print("warm-up output:", out[0].outputs[0].text)
 """
 
 
+def _heads(cfg: DeploymentConfig) -> ModelSection | None:
+    """A draft checkpoint that is not an engine of its own (EAGLE-3's head, Medusa's heads)."""
+    spec = get_mode(cfg.mode)
+    return cfg.draft if spec.needs_draft and not spec.draft_engine else None
+
+
 def plan_steps(cfg: DeploymentConfig, engine_dir: Path, k: int) -> tuple[list[Step], dict[str, Any]]:
     fingerprints = {}
     for role, section in _roles(cfg):
         if (path := cfg.checkpoint_path(section)) is not None:
             refuse_vocab_rows_mismatch(path)  # a traceback in the weight loader (or the converter) otherwise
         fingerprints[role] = fingerprint(section.checkpoint, path)
+    if (heads := _heads(cfg)) is not None:  # its vocabulary rows are the draft vocabulary's: not compared
+        fingerprints["draft"] = fingerprint(heads.checkpoint, cfg.checkpoint_path(heads))
     if cfg.build.backend == "torch":
         return _torch_steps(cfg, k, fingerprints), fingerprints
     if cfg.build.backend == "tensorrt":

@@ -147,7 +147,7 @@ def trtllm_build_command(
     if speculating_target:
         args.append(f"--speculative_decoding_mode={engine_mode}")
     args.append(f"--max_batch_size={b.max_batch_size}")
-    if speculating_target:
+    if speculating_target and get_mode(cfg.mode).build_sets_max_draft_len:
         args.append(f"--max_draft_len={get_mode(cfg.mode).engine_draft_len(cfg, num_draft_tokens)}")
     args += [f"--max_input_len={b.max_input_len}", f"--max_seq_len={b.max_seq_len}"]
     if b.max_num_tokens is not None:

@@ -97,7 +97,7 @@ def _model_dir(cfg: DeploymentConfig, role: str, lines: list[str]) -> str:
 
 
 def _tensorrt_script(cfg: DeploymentConfig, k: int) -> list[str]:
-    from trtspec.build.builder import _roles, tensorrt_commands
+    from trtspec.build.builder import _heads, _roles, tensorrt_commands
 
     lines = [
         "TRTLLM_EXAMPLES=${TRTLLM_EXAMPLES:-$WORK/TensorRT-LLM/examples}",
@@ -122,7 +122,9 @@ def _tensorrt_script(cfg: DeploymentConfig, k: int) -> list[str]:
         staging = f"$ENGINES/.staging-{role}"
         lines.append(f'rm -rf "{staging}"')
         log = f'2>&1 | tee -a "$ENGINES/logs/{role}.log"'
-        for command in tensorrt_commands(cfg, role, section, model_dir, k, "$WORK", staging):
+        heads = _heads(cfg) if role == "target" else None  # folded into the target (Medusa): downloaded too
+        heads_dir = _model_dir(cfg, "draft", lines) if heads is not None else None
+        for command in tensorrt_commands(cfg, role, section, model_dir, k, "$WORK", staging, heads_dir):
             args = " ".join(_arg(a) for a in command.args)
             if command.program == "convert_checkpoint.py" and command.family is None:
                 # a hub id: the architecture, so the script and its argv dialect, is known once it is downloaded

@@ -118,6 +118,35 @@ KNOWN_CHECKPOINTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "published": "bfloat16",
     },
+    # https://huggingface.co/lmsys/vicuna-7b-v1.3/blob/main/config.json: Llama 7B, no grouped KV heads, FP16
+    "lmsys/vicuna-7b-v1.3": {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+        "torch_dtype": "float16",
+        "tie_word_embeddings": False,
+        "published": "float16",
+    },
+    # https://huggingface.co/FasterDecoding/medusa-vicuna-7b-v1.3: five heads, each a 4096 x 4096 residual block
+    # and a 4096 x 32000 head, about 0.74B in FP16. Counted as a three-layer Llama of that width (0.87B), the
+    # nearest shape the parameter count knows that is not smaller: on the safe side.
+    "FasterDecoding/medusa-vicuna-7b-v1.3": {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+        "torch_dtype": "float16",
+        "tie_word_embeddings": False,
+        "medusa_num_heads": 5,
+        "published": "float16",
+    },
     # https://huggingface.co/meta-llama/Llama-3.1-405B-Instruct/blob/main/config.json
     "meta-llama/Llama-3.1-405B-Instruct": {
         **_LLAMA3,

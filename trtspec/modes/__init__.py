@@ -8,12 +8,13 @@ from trtspec.modes.base import BACKENDS, SpecMode, Support
 from trtspec.modes.draft_target import DraftTarget
 from trtspec.modes.eagle3 import Eagle3
 from trtspec.modes.lookahead import Lookahead
+from trtspec.modes.medusa import Medusa
 from trtspec.modes.mtp import MTP
 from trtspec.modes.ngram import NGram
 from trtspec.modes.none import NoSpeculation
 
 REGISTRY: dict[str, SpecMode] = {
-    m.name: m for m in (DraftTarget(), Eagle3(), MTP(), NGram(), Auto(), Lookahead(), NoSpeculation())
+    m.name: m for m in (DraftTarget(), Eagle3(), MTP(), NGram(), Auto(), Medusa(), Lookahead(), NoSpeculation())
 }
 MODE_NAMES: tuple[str, ...] = tuple(REGISTRY)
 # what the torch runner can run (`generate --mode`, the bench)

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from trtspec.versions import at_least
 
 if TYPE_CHECKING:
+    from trtspec.build.recipes import Command
     from trtspec.check import Report
     from trtspec.checkpoints.inspect import CheckpointInfo
-    from trtspec.config import DeploymentConfig
+    from trtspec.config import DeploymentConfig, ModelSection
+    from trtspec.families import Family
     from trtspec.speculative.batch import KPolicy
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
@@ -53,6 +55,7 @@ class SpecMode:
     decoding_types: ClassVar[tuple[str, ...]] = ()  # speculative_config.decoding_type spellings it reads back
     served_settings: ClassVar[tuple[str, ...]] = ()  # speculative_config fields the served torch runner reads
     engine_mode: ClassVar[str | None] = None  # trtllm-build --speculative_decoding_mode of the target engine
+    build_sets_max_draft_len: ClassVar[bool] = True  # trtllm-build gets --max_draft_len (else the checkpoint has it)
     torch_engine_mode: ClassVar[str | None] = None  # the mode trtspec's torch engine stand-ins record
     engine_streams: ClassVar[bool] = True  # the engine flavour can stream it (the BLS loop cannot)
     llm_api_extra: ClassVar[dict[str, Any]] = {}  # LLM API options the mode sets besides speculative_config
@@ -113,6 +116,19 @@ class SpecMode:
     def served_draft_len(self, spec: dict[str, Any]) -> int:
         """K as a served model.yaml's speculative_config gives it."""
         return int(spec.get("max_draft_len") or 0)
+
+    def convert_command(
+        self,
+        cfg: DeploymentConfig,
+        section: ModelSection,
+        model_dir: str,
+        heads_dir: str | None,
+        output_dir: str,
+        family: Family | None,
+        dtype: str,
+    ) -> Command | None:
+        """The target's conversion when the mode has its own (None: the family's convert_checkpoint.py)."""
+        return None
 
     def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
         """Parameters of the tensorrt_llm model's config.pbtxt the mode sets (NVIDIA's template keys)."""

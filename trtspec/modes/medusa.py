@@ -1,0 +1,136 @@
+"""Medusa: K extra heads on the target's last hidden state each guess one more future token; the guesses
+form a tree the target verifies in one pass. The heads are a checkpoint of their own, folded into the target
+engine at conversion. Compiled engines only.
+
+Sources (github.com/NVIDIA/TensorRT-LLM): examples/medusa/README.md and convert_checkpoint.py @ 063e02f7
+(`--model_dir --medusa_model_dir --output_dir --dtype --num_medusa_heads`, default 4 heads,
+`--max_medusa_token_len` default 63, `--tp_size`, `--pp_size`; FP16/BF16; SM >= 8.0); `trtllm-build
+--speculative_decoding_mode medusa` (commands/build.py choices, the Triton speculative-decoding tutorial;
+NVIDIA's CLI examples pass no --max_draft_len: the converted checkpoint carries it);
+`SpeculativeDecodingMode.MEDUSA` (tensorrt_llm/models/modeling_utils.py); Triton's tensorrt_llm parameters
+`decoding_mode` medusa and `medusa_choices` ("{0, 0, 0}, {0, 1}" form; mc_sim_7b_63 by default;
+tensorrtllm_backend docs/model_config.md @ 05ceae03); the LLM API's MedusaDecodingConfig is not a
+pytorch-backend config. The engine path ends with 1.2.x.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trtspec.modes.base import SpecMode, Support
+from trtspec.versions import supported_minors
+
+if TYPE_CHECKING:
+    from trtspec.build.recipes import Command
+    from trtspec.check import Report
+    from trtspec.checkpoints.inspect import CheckpointInfo
+    from trtspec.config import DeploymentConfig, MedusaSection, ModelSection
+    from trtspec.families import Family
+
+MEDUSA_FOLDER = "medusa"  # examples/medusa/convert_checkpoint.py
+DEFAULT_TOKEN_LEN = 63  # convert_checkpoint.py --max_medusa_token_len's default: the tree's nodes
+
+
+class Medusa(SpecMode):
+    name: ClassVar[str] = "medusa"
+    support: ClassVar[tuple[Support, ...]] = (
+        Support(
+            "medusa",
+            "tensorrt",
+            supported_minors(),
+            8.0,
+            ("LlamaForCausalLM",),
+            note="target + heads converted by examples/medusa, built with speculative_decoding_mode medusa",
+        ),
+        Support("medusa", "pytorch", (), None, (), note="does not exist: MedusaDecodingConfig is engines only"),
+        Support("medusa", "torch", (), None, (), note="not in trtspec's runner yet (the runner issue after #22)"),
+    )
+    needs_draft: ClassVar[bool] = True  # the heads checkpoint
+    draft_head: ClassVar[bool] = True
+    in_target: ClassVar[bool] = True
+    section: ClassVar[str | None] = "medusa"
+    engine_mode: ClassVar[str | None] = "medusa"
+    build_sets_max_draft_len: ClassVar[bool] = False
+    default_k: ClassVar[int | None] = None
+
+    @staticmethod
+    def settings(cfg: DeploymentConfig) -> MedusaSection:
+        from trtspec.config import MedusaSection
+
+        return cfg.medusa or MedusaSection()
+
+    def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
+        return self.settings(cfg).max_token_len  # the tree's nodes; speculation.num_draft_tokens does not apply
+
+    def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
+        return self.settings(cfg).max_token_len
+
+    def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
+        errors = []
+        s = self.settings(cfg)
+        if "num_draft_tokens" in cfg.speculation.model_fields_set:
+            errors.append(("speculation.num_draft_tokens", "Medusa's drafts are its tree (medusa.choices); remove it"))
+        for field, section in (("target", cfg.target), ("draft", cfg.draft)):
+            if section is not None and section.quantization != "none":
+                errors.append((f"{field}.quantization", "Medusa's convert takes FP16/BF16 weights only (README)"))
+        if s.choices is not None:
+            deepest = max(len(c) for c in s.choices)
+            if deepest > s.num_heads:
+                why = f"a path of depth {deepest} needs {deepest} heads, num_heads is {s.num_heads}"
+                errors.append(("medusa.choices", why))
+            if len(s.choices) > s.max_token_len:
+                errors.append(("medusa.choices", f"{len(s.choices)} nodes, more than max_token_len {s.max_token_len}"))
+        return errors
+
+    def convert_command(
+        self,
+        cfg: DeploymentConfig,
+        section: ModelSection,
+        model_dir: str,
+        heads_dir: str | None,
+        output_dir: str,
+        family: Family | None,
+        dtype: str,
+    ) -> Command | None:
+        from trtspec.build.recipes import Command
+
+        b, s = cfg.build, self.settings(cfg)
+        args = [
+            f"--model_dir={model_dir}",
+            f"--medusa_model_dir={heads_dir}",
+            f"--output_dir={output_dir}",
+            f"--dtype={dtype}",
+            f"--num_medusa_heads={s.num_heads}",
+        ]
+        if s.max_token_len != DEFAULT_TOKEN_LEN:
+            args.append(f"--max_medusa_token_len={s.max_token_len}")
+        args += [f"--tp_size={b.tp}"] if b.tp > 1 else []
+        args += [f"--pp_size={b.pp}"] if b.pp > 1 else []
+        return Command("convert_checkpoint.py", tuple(args), family=MEDUSA_FOLDER)
+
+    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
+        from trtspec.config import MedusaSection
+
+        return {"medusa": MedusaSection().model_dump()}
+
+    def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
+        choices = self.settings(cfg).choices
+        params = {"decoding_mode": "medusa"}
+        if choices is not None:  # unset: the backend's mc_sim_7b_63
+            params["medusa_choices"] = ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in choices)
+        return params
+
+    def check(
+        self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
+    ) -> None:
+        """The heads checkpoint says how many heads it has (medusa_num_heads in its config.json)."""
+        if draft is None:
+            return
+        heads = draft.config.get("medusa_num_heads")
+        if heads is not None and int(heads) < self.settings(cfg).num_heads:
+            report.add(
+                "error",
+                "medusa-heads",
+                f"medusa.num_heads is {self.settings(cfg).num_heads}, the heads checkpoint has {heads}",
+                f"set medusa.num_heads to at most {heads}",
+            )
