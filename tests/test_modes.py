@@ -242,6 +242,9 @@ def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, 
         res = runner.invoke(cli, ["build", "walk.yaml", "--emit-script", "build.sh"])
         assert res.exit_code == 0, res.output
         repo = tmp_path / "model_repository" / "walk"
+        from trtspec.repository import contract
+
+        assert contract.violations(repo) == []  # the names and types NVIDIA's models read
         if cfg.serve.flavour == "engine":
             assert (repo / "tensorrt_llm_draft").is_dir() == mode.draft_engine
             assert f"--speculative_decoding_mode={mode.engine_mode}" in (tmp_path / "build.sh").read_text() or (

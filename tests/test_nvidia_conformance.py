@@ -49,6 +49,7 @@ GPU_CONFIGS = {
     "llama-405b-draft-tp4": "llama-3.1-405b-3b-draft-tp4.yaml",
     "deepseek-r1-mtp": "deepseek-r1-mtp-8gpu.yaml",
     "deepseek-r1-mtp-2node": "deepseek-r1-mtp-2x8-h100.yaml",
+    "llama-8b-ngram": "llama-3.1-8b-ngram.yaml",
 }
 STORY = "Continue writing the following story: James Best, best known for his"
 

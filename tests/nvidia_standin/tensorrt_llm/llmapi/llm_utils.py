@@ -11,7 +11,8 @@ KNOWN = {
     "disable_overlap_scheduler", "speculative_config", "cuda_graph_config", "stream_interval", "trust_remote_code",
     "pytorch_backend_config", "enable_attention_dp", "moe_config", "gpus_per_node", "_mpi_session",
 }  # fmt: skip
-DECODING_TYPES = {"DraftTarget", "Draft_Target", "MTP"}
+# the decoding types TensorRT-LLM's LLM API accepts through 1.2 (llm_args.py DecodingBaseConfig.from_dict)
+DECODING_TYPES = {"DraftTarget", "Draft_Target", "MTP", "NGram", "AUTO", "Eagle", "Eagle3", "Medusa", "Lookahead"}
 
 
 def update_llm_args_with_extra_dict(llm_args: dict[str, Any], extra: dict[str, Any], *_: Any) -> dict[str, Any]:
