@@ -146,8 +146,8 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
             "max_draft_len": spec.engine_draft_len(cfg, k) if speculating else 0,
             "speculative_decoding_mode": spec.torch_engine_mode if speculating else "none",
         }
-        if role == "target" and spec.section == "mtp":
-            build["num_nextn_predict_layers"] = cfg.mtp.num_nextn_predict_layers if cfg.mtp else None
+        if role == "target":
+            build.update(spec.torch_engine_settings(cfg))
         inputs = {"backend": "torch", "role": role, "checkpoint": fingerprints[role]["digest"], "dtype": str(dtype)}
         inputs["build"] = build
 

@@ -240,8 +240,10 @@ def llm_api_options(cfg: DeploymentConfig, num_draft_tokens: int, draft_model_di
 
 
 def deepseek_family(cfg: DeploymentConfig) -> bool:
-    """DeepSeek-V3/R1: MTP exists only for this family (support table); a local checkpoint says so itself."""
-    if get_mode(cfg.mode).section == "mtp":
+    """DeepSeek-V3/R1: a mode that exists only for this family (MTP, by its support row) says so; a local
+    checkpoint says so itself."""
+    served = get_mode(cfg.mode).row("pytorch").architectures
+    if served and set(served) <= set(MTP_FAMILIES):
         return True
     path = cfg.checkpoint_path(cfg.target)
     if path is None or not (path / "config.json").is_file():

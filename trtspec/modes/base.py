@@ -130,6 +130,10 @@ class SpecMode:
         """The target's conversion when the mode has its own (None: the family's convert_checkpoint.py)."""
         return None
 
+    def torch_engine_settings(self, cfg: DeploymentConfig) -> dict[str, Any]:
+        """What trtspec's torch engine records for the target beyond the common limits."""
+        return {}
+
     def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
         """Parameters of the tensorrt_llm model's config.pbtxt the mode sets (NVIDIA's template keys)."""
         return {}

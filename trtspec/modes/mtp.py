@@ -63,6 +63,9 @@ class MTP(SpecMode):
             )
         return spec
 
+    def torch_engine_settings(self, cfg: DeploymentConfig) -> dict[str, Any]:
+        return {"num_nextn_predict_layers": cfg.mtp.num_nextn_predict_layers if cfg.mtp else None}
+
     def served_draft_len(self, spec: dict[str, Any]) -> int:
         return int(spec.get("num_nextn_predict_layers") or spec.get("max_draft_len") or 0)
 

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 
 def runner_mode(mode: str) -> SpecMode:
+    if mode in REGISTRY and mode not in RUNNER_MODES:
+        where = REGISTRY[mode].where()
+        raise UsageError(f"the torch runner has no {mode} drafter yet; {mode} runs on {where}")
     if mode not in RUNNER_MODES:
         raise UsageError(f"mode must be one of {', '.join(RUNNER_MODES)}, got {mode!r}")
     return REGISTRY[mode]
