@@ -603,3 +603,9 @@ def test_check_refuses_more_medusa_heads_than_the_checkpoint_has(tmp_path):
     assert found["medusa-heads"].severity == "error" and "has 3" in found["medusa-heads"].message
     data["medusa"]["num_heads"] = 3
     assert "medusa-heads" not in {f.code for f in run_check(validate_config(data)).findings}
+
+
+def test_where_a_mode_runs_names_each_release_it_claims():
+    assert get_mode("draft-target").where() == "tensorrt (TensorRT-LLM 1.0-1.2), pytorch (TensorRT-LLM 1.0-1.2), torch"
+    assert get_mode("eagle3").where() == "pytorch (TensorRT-LLM 1.0, 1.2)"  # 1.1 is not pinned
+    assert get_mode("auto").where() == "pytorch (TensorRT-LLM 1.2), torch"

@@ -26,7 +26,7 @@ from trtspec.errors import UsageError
 from trtspec.modes import get_mode
 from trtspec.prompts import Prompt
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
-from trtspec.speculative.factory import load_runner
+from trtspec.speculative.factory import load_runner, runner_mode
 from trtspec.speculative.policy import batch_sizes
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
@@ -251,6 +251,7 @@ def run_plan(
 
     if not get_mode(cfg.mode).speculates():
         raise UsageError("speculation.mode is none: there is nothing to plan")
+    runner_mode(cfg.mode)  # acceptance is measured with the torch runner: refuse a mode it lacks first
     target_path = _local(cfg, "target")
     draft_path = _local(cfg, "draft") if get_mode(cfg.mode).needs_draft else None
     max_len = max_prompt_tokens + max_tokens + PROBE_K + 8

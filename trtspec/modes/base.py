@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trtspec.versions import at_least
+from trtspec.versions import at_least, supported_minors
 
 if TYPE_CHECKING:
     from trtspec.build.recipes import Command
@@ -76,8 +76,7 @@ class SpecMode:
             if row.versions is None:
                 places.append(row.backend)
             else:
-                span = row.versions[0] if len(row.versions) == 1 else f"{row.versions[0]}-{row.versions[-1]}"
-                places.append(f"{row.backend} (TensorRT-LLM {span})")
+                places.append(f"{row.backend} (TensorRT-LLM {_span(row.versions)})")
         return ", ".join(places)
 
     def extra_options(self, cfg: DeploymentConfig) -> dict[str, Any]:
@@ -144,6 +143,15 @@ class SpecMode:
 
     def speculates(self) -> bool:
         return True
+
+
+def _span(versions: tuple[str, ...]) -> str:
+    """'1.0-1.2' for a run of consecutive releases, else each: '1.0, 1.2'."""
+    known = supported_minors()
+    first = known.index(versions[0]) if versions[0] in known else -1
+    if len(versions) > 1 and first >= 0 and known[first : first + len(versions)] == versions:
+        return f"{versions[0]}-{versions[-1]}"
+    return ", ".join(versions)
 
 
 def draft_model_key(version: str) -> str:

@@ -82,6 +82,7 @@ def runner_for(
 ) -> SpeculativeRunner:
     """The runner a deployment config describes, as `generate` and the served torch models run it."""
     mode = mode or cfg.mode
+    spec = runner_mode(mode)
     k = num_draft_tokens or cfg.speculation.num_draft_tokens
     if k == "auto":
         raise UsageError("speculation.num_draft_tokens is auto: pass --num-draft-tokens (or run trtspec plan)")
@@ -92,7 +93,6 @@ def runner_for(
             "directory (download it first)"
         )
     draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft else None
-    spec = runner_mode(mode)
     if spec.needs_draft and cfg.draft is not None and draft_path is None:
         raise UsageError(f"draft.checkpoint {cfg.draft.checkpoint} is a hub id; download it first")
     device = resolve_device(cfg.build.device)
