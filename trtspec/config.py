@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, Field, ValidationError, create_model
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
+from trtspec.config_types import INT32_MAX, Float, Fraction, Int, Port, PositiveInt
+from trtspec.config_types import Section as _Section
 from trtspec.errors import ConfigError, shorten
-from trtspec.modes import MODE_NAMES, REGISTRY, get_mode
+from trtspec.modes import MODE_NAMES, MODES, REGISTRY, get_mode
 from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS, at_least, minor
 
 MAX_DRAFT_TOKENS = 16
@@ -46,92 +47,12 @@ def _trtllm_version(value: str) -> str:
     return value
 
 
-def _no_bool(kind: str, what: str) -> BeforeValidator:
-    """YAML's true/false are not numbers: pydantic's lax mode would read `num_draft_tokens: true` as 1."""
-
-    def check(value: Any) -> Any:
-        if isinstance(value, bool):
-            raise PydanticCustomError(kind, f"Input should be {what}")
-        return value
-
-    return BeforeValidator(check)
-
-
-INT32_MAX = 2**31 - 1  # TensorRT-LLM's lengths and counts are int32
-Int = Annotated[int, _no_bool("int_type", "a valid integer")]
-Float = Annotated[float, _no_bool("float_type", "a valid number"), Field(allow_inf_nan=False)]
-PositiveInt = Annotated[Int, Field(ge=1, le=INT32_MAX)]
-Port = Annotated[Int, Field(ge=1, le=65535)]
-Fraction = Annotated[Float, Field(gt=0.0, le=1.0)]  # (0, 1]
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False, validate_default=True)
-
-
 class ModelSection(_Section):
     """A checkpoint: a local directory, an `embedded:<name>`, or a Hugging Face id for the GPU host."""
 
     checkpoint: str
     dtype: Dtype = "auto"
     quantization: Quantization = "none"
-
-
-class MTPSection(_Section):
-    """MTP settings: the layers come from the target checkpoint (DeepSeek-V3 layout)."""
-
-    num_nextn_predict_layers: PositiveInt | None = Field(
-        default=None, description="MTP layers to use; default: the checkpoint's num_nextn_predict_layers"
-    )
-    relaxed_acceptance: bool = Field(
-        default=False, description="TensorRT-LLM's relaxed acceptance for thinking: faster, NOT lossless"
-    )
-    relaxed_topk: PositiveInt = 1
-    relaxed_delta: Float = Field(default=0.0, ge=0.0, le=1.0)
-
-
-class NGramSection(_Section):
-    """N-gram settings, with TensorRT-LLM's NGramDecodingConfig names (trtspec.modes.ngram)."""
-
-    max_matching_ngram_size: PositiveInt = Field(
-        default=3, le=64, description="longest suffix of the sequence looked up in earlier tokens"
-    )
-    is_keep_all: bool = Field(default=True, description="TensorRT-LLM's pool: keep every candidate of a prefix")
-    is_use_oldest: bool = Field(default=True, description="TensorRT-LLM's pool: propose the oldest candidate")
-    is_public_pool: bool = Field(default=True, description="TensorRT-LLM's pool: one pool shared by all requests")
-
-
-class Eagle3Section(_Section):
-    """EAGLE-3 settings (trtspec.modes.eagle3); the head checkpoint is the `draft` section."""
-
-    one_model: bool = Field(
-        default=True, description="eagle3_one_model: the head runs inside the target's engine (false: two models)"
-    )
-    layers_to_capture: list[Annotated[Int, Field(ge=0)]] | None = Field(
-        default=None, description="target layers the head reads (1.2+); default: the head's low, middle and high"
-    )
-
-
-class LookaheadSection(_Section):
-    """Lookahead's (W, N, G) (trtspec.modes.lookahead): the engine's max_draft_len follows from them."""
-
-    window_size: PositiveInt = Field(default=7, le=64, description="W: future positions per Jacobi step")
-    ngram_size: PositiveInt = Field(default=7, le=64, description="N: length of the n-grams in the pool")
-    verification_set_size: Annotated[Int, Field(ge=0, le=64)] = Field(
-        default=7, description="G: candidate n-grams verified per step"
-    )
-
-
-class MedusaSection(_Section):
-    """Medusa settings (trtspec.modes.medusa); the heads checkpoint is the `draft` section."""
-
-    num_heads: PositiveInt = Field(default=4, le=16, description="num_medusa_heads: heads the tree may use")
-    max_token_len: PositiveInt = Field(
-        default=63, le=1024, description="max_medusa_token_len: tree nodes, the engine's max_draft_len"
-    )
-    choices: list[list[Annotated[Int, Field(ge=0)]]] | None = Field(
-        default=None, description="medusa_choices: the tree's paths, [[0], [0, 0], [1], ...]; default mc_sim_7b_63"
-    )
 
 
 class SamplingSection(_Section):
@@ -306,19 +227,11 @@ def _k8s_version(value: str) -> str:
     return value
 
 
-class DeploymentConfig(_Section):
+class _Deployment(_Section):
     name: Annotated[str, AfterValidator(_dns_label)]
     target: ModelSection
     draft: ModelSection | None = None
-    mtp: MTPSection | None = None
-    ngram: NGramSection | None = None
-    eagle3: Eagle3Section | None = None
-    lookahead: LookaheadSection | None = None
-    medusa: MedusaSection | None = None
-    speculation: SpeculationSection = SpeculationSection()
-    build: BuildSection = BuildSection()
-    serve: ServeSection = ServeSection()
-    deploy: DeploySection = DeploySection()
+    # then each mode's section, speculation, build, serve and deploy: see DeploymentConfig below
 
     # Set by load_config: where relative paths are resolved from and what the file was.
     source: Path | None = Field(default=None, exclude=True)
@@ -350,6 +263,20 @@ class DeploymentConfig(_Section):
         repository is rebuilt, when it changes, not when an alert threshold or the HPA's bounds do."""
         text = json.dumps(self.model_dump(mode="json", exclude={"deploy", *self._unused_sections()}), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+# Each mode's own settings, declared by the mode (trtspec/modes), as an optional top-level section after
+# the checkpoints, in the registry's order; adding a mode adds its section here without touching this file.
+DeploymentConfig = create_model(
+    "DeploymentConfig",
+    __base__=_Deployment,
+    __doc__="A deployment: the checkpoints, the speculative mode and its section, build, serve and deploy.",
+    **{m.section: (m.settings_model | None, None) for m in MODES if m.section and m.settings_model},
+    speculation=(SpeculationSection, SpeculationSection()),
+    build=(BuildSection, BuildSection()),
+    serve=(ServeSection, ServeSection()),
+    deploy=(DeploySection, DeploySection()),
+)
 
 
 def resolve_checkpoint(ref: str, base_dir: Path) -> Path | None:

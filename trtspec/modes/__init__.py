@@ -13,9 +13,9 @@ from trtspec.modes.mtp import MTP
 from trtspec.modes.ngram import NGram
 from trtspec.modes.none import NoSpeculation
 
-REGISTRY: dict[str, SpecMode] = {
-    m.name: m for m in (DraftTarget(), Eagle3(), MTP(), NGram(), Auto(), Medusa(), Lookahead(), NoSpeculation())
-}
+# the order `trtspec init --help`, the README's support table and the docs list them in
+MODES: tuple[SpecMode, ...] = (DraftTarget(), Eagle3(), MTP(), NGram(), Auto(), Medusa(), Lookahead(), NoSpeculation())
+REGISTRY: dict[str, SpecMode] = {m.name: m for m in MODES}
 MODE_NAMES: tuple[str, ...] = tuple(REGISTRY)
 # what the torch runner can run (`generate --mode`, the bench)
 RUNNER_MODES: tuple[str, ...] = tuple(m.name for m in REGISTRY.values() if m.row("torch").exists)
@@ -38,6 +38,7 @@ def mode_for_decoding_type(decoding_type: str) -> SpecMode | None:
 
 __all__ = [
     "BACKENDS",
+    "MODES",
     "MODE_NAMES",
     "REGISTRY",
     "RUNNER_MODES",

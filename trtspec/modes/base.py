@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trtspec.config_types import Section
 from trtspec.versions import at_least, supported_minors
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ class SpecMode:
     draft_head: ClassVar[bool] = False  # that checkpoint is a head on the target's states: no tokenizer of its own
     in_target: ClassVar[bool] = False  # the target drafts by itself (MTP layers, heads): one engine, no draft model
     refuses_draft: ClassVar[bool] = False  # a `draft` section is a mistake (the drafter is elsewhere)
-    section: ClassVar[str | None] = None  # the DeploymentConfig field holding this mode's own settings
+    section: ClassVar[str | None] = None  # the DeploymentConfig field holding this mode's own settings ...
+    settings_model: ClassVar[type[Section] | None] = None  # ... and their model, defined beside the mode
     decoding_types: ClassVar[tuple[str, ...]] = ()  # speculative_config.decoding_type spellings it reads back
     served_settings: ClassVar[tuple[str, ...]] = ()  # speculative_config fields the served torch runner reads
     engine_mode: ClassVar[str | None] = None  # trtllm-build --speculative_decoding_mode of the target engine
@@ -60,6 +62,13 @@ class SpecMode:
     engine_streams: ClassVar[bool] = True  # the engine flavour can stream it (the BLS loop cannot)
     llm_api_extra: ClassVar[dict[str, Any]] = {}  # LLM API options the mode sets besides speculative_config
     default_k: ClassVar[int | None] = 4  # what `trtspec init` writes (None: the mode's settings fix K)
+
+    def settings(self, cfg: DeploymentConfig) -> Any:
+        """The mode's section as configured, or its defaults."""
+        value = getattr(cfg, self.section, None) if self.section else None
+        if value is None and self.settings_model is not None:
+            return self.settings_model()
+        return value
 
     def row(self, backend: str) -> Support:
         for row in self.support:
@@ -97,7 +106,7 @@ class SpecMode:
 
     def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
         """The mode's own config sections as `trtspec init` writes them, from the target's config.json."""
-        return {}
+        return {self.section: self.settings_model().model_dump()} if self.section and self.settings_model else {}
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report

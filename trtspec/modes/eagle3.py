@@ -16,8 +16,11 @@ names are not pinned, so trtspec claims 1.0 and 1.2.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+from pydantic import Field
+
+from trtspec.config_types import Int, Section
 from trtspec.families import EAGLE3_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import at_least
@@ -25,7 +28,18 @@ from trtspec.versions import at_least
 if TYPE_CHECKING:
     from trtspec.check import Report
     from trtspec.checkpoints.inspect import CheckpointInfo
-    from trtspec.config import DeploymentConfig, Eagle3Section
+    from trtspec.config import DeploymentConfig
+
+
+class Eagle3Section(Section):
+    """EAGLE-3 settings (trtspec.modes.eagle3); the head checkpoint is the `draft` section."""
+
+    one_model: bool = Field(
+        default=True, description="eagle3_one_model: the head runs inside the target's engine (false: two models)"
+    )
+    layers_to_capture: list[Annotated[Int, Field(ge=0)]] | None = Field(
+        default=None, description="target layers the head reads (1.2+); default: the head's low, middle and high"
+    )
 
 
 class Eagle3(SpecMode):
@@ -45,14 +59,9 @@ class Eagle3(SpecMode):
     needs_draft: ClassVar[bool] = True
     draft_head: ClassVar[bool] = True
     section: ClassVar[str | None] = "eagle3"
+    settings_model: ClassVar[type[Section] | None] = Eagle3Section
     decoding_types: ClassVar[tuple[str, ...]] = ("Eagle", "Eagle3")
     default_k: ClassVar[int | None] = 3
-
-    @staticmethod
-    def settings(cfg: DeploymentConfig) -> Eagle3Section:
-        from trtspec.config import Eagle3Section
-
-        return cfg.eagle3 or Eagle3Section()
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         if self.settings(cfg).layers_to_capture is not None and not at_least(cfg.build.tensorrt_llm_version, "1.2"):
@@ -74,11 +83,6 @@ class Eagle3(SpecMode):
             spec = {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model_dir": draft_dir}
         spec["eagle3_one_model"] = s.one_model
         return spec
-
-    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
-        from trtspec.config import Eagle3Section
-
-        return {"eagle3": Eagle3Section().model_dump()}
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report

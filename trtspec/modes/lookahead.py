@@ -14,8 +14,11 @@ with 1.2.x; `LookaheadDecodingConfig` is not a pytorch-backend config.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
+from pydantic import Field
+
+from trtspec.config_types import Int, PositiveInt, Section
 from trtspec.families import ENGINE_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import supported_minors
@@ -23,7 +26,17 @@ from trtspec.versions import supported_minors
 if TYPE_CHECKING:
     from trtspec.check import Report
     from trtspec.checkpoints.inspect import CheckpointInfo
-    from trtspec.config import DeploymentConfig, LookaheadSection
+    from trtspec.config import DeploymentConfig
+
+
+class LookaheadSection(Section):
+    """Lookahead's (W, N, G) (trtspec.modes.lookahead): the engine's max_draft_len follows from them."""
+
+    window_size: PositiveInt = Field(default=7, le=64, description="W: future positions per Jacobi step")
+    ngram_size: PositiveInt = Field(default=7, le=64, description="N: length of the n-grams in the pool")
+    verification_set_size: Annotated[Int, Field(ge=0, le=64)] = Field(
+        default=7, description="G: candidate n-grams verified per step"
+    )
 
 
 def lookahead_draft_len(window: int, ngram: int, verification: int) -> int:
@@ -48,14 +61,9 @@ class Lookahead(SpecMode):
     in_target: ClassVar[bool] = True
     refuses_draft: ClassVar[bool] = True
     section: ClassVar[str | None] = "lookahead"
+    settings_model: ClassVar[type[Section] | None] = LookaheadSection
     engine_mode: ClassVar[str | None] = "lookahead_decoding"
     default_k: ClassVar[int | None] = None
-
-    @staticmethod
-    def settings(cfg: DeploymentConfig) -> LookaheadSection:
-        from trtspec.config import LookaheadSection
-
-        return cfg.lookahead or LookaheadSection()
 
     def draft_len(self, cfg: DeploymentConfig) -> int:
         s = self.settings(cfg)
@@ -89,11 +97,6 @@ class Lookahead(SpecMode):
                 )
             )
         return errors
-
-    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
-        from trtspec.config import LookaheadSection
-
-        return {"lookahead": LookaheadSection().model_dump()}
 
     def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
         s = self.settings(cfg)

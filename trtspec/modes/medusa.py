@@ -15,8 +15,11 @@ pytorch-backend config. The engine path ends with 1.2.x.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
+from pydantic import Field
+
+from trtspec.config_types import Int, PositiveInt, Section
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import supported_minors
 
@@ -24,11 +27,23 @@ if TYPE_CHECKING:
     from trtspec.build.recipes import Command
     from trtspec.check import Report
     from trtspec.checkpoints.inspect import CheckpointInfo
-    from trtspec.config import DeploymentConfig, MedusaSection, ModelSection
+    from trtspec.config import DeploymentConfig, ModelSection
     from trtspec.families import Family
 
 MEDUSA_FOLDER = "medusa"  # examples/medusa/convert_checkpoint.py
 DEFAULT_TOKEN_LEN = 63  # convert_checkpoint.py --max_medusa_token_len's default: the tree's nodes
+
+
+class MedusaSection(Section):
+    """Medusa settings (trtspec.modes.medusa); the heads checkpoint is the `draft` section."""
+
+    num_heads: PositiveInt = Field(default=4, le=16, description="num_medusa_heads: heads the tree may use")
+    max_token_len: PositiveInt = Field(
+        default=63, le=1024, description="max_medusa_token_len: tree nodes, the engine's max_draft_len"
+    )
+    choices: list[list[Annotated[Int, Field(ge=0)]]] | None = Field(
+        default=None, description="medusa_choices: the tree's paths, [[0], [0, 0], [1], ...]; default mc_sim_7b_63"
+    )
 
 
 class Medusa(SpecMode):
@@ -49,15 +64,10 @@ class Medusa(SpecMode):
     draft_head: ClassVar[bool] = True
     in_target: ClassVar[bool] = True
     section: ClassVar[str | None] = "medusa"
+    settings_model: ClassVar[type[Section] | None] = MedusaSection
     engine_mode: ClassVar[str | None] = "medusa"
     build_sets_max_draft_len: ClassVar[bool] = False
     default_k: ClassVar[int | None] = None
-
-    @staticmethod
-    def settings(cfg: DeploymentConfig) -> MedusaSection:
-        from trtspec.config import MedusaSection
-
-        return cfg.medusa or MedusaSection()
 
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
         return self.settings(cfg).max_token_len  # the tree's nodes; speculation.num_draft_tokens does not apply
@@ -107,11 +117,6 @@ class Medusa(SpecMode):
         args += [f"--tp_size={b.tp}"] if b.tp > 1 else []
         args += [f"--pp_size={b.pp}"] if b.pp > 1 else []
         return Command("convert_checkpoint.py", tuple(args), family=MEDUSA_FOLDER)
-
-    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
-        from trtspec.config import MedusaSection
-
-        return {"medusa": MedusaSection().model_dump()}
 
     def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
         choices = self.settings(cfg).choices

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import Field
+
+from trtspec.config_types import Float, PositiveInt, Section
 from trtspec.families import MTP_FAMILIES, TORCH_RUNNER_FAMILIES, UNVERIFIED_MTP_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import supported_minors
@@ -20,6 +23,19 @@ if TYPE_CHECKING:
     from trtspec.config import DeploymentConfig
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
+
+
+class MTPSection(Section):
+    """MTP settings: the layers come from the target checkpoint (DeepSeek-V3 layout)."""
+
+    num_nextn_predict_layers: PositiveInt | None = Field(
+        default=None, description="MTP layers to use; default: the checkpoint's num_nextn_predict_layers"
+    )
+    relaxed_acceptance: bool = Field(
+        default=False, description="TensorRT-LLM's relaxed acceptance for thinking: faster, NOT lossless"
+    )
+    relaxed_topk: PositiveInt = 1
+    relaxed_delta: Float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class MTP(SpecMode):
@@ -47,6 +63,7 @@ class MTP(SpecMode):
     in_target: ClassVar[bool] = True
     refuses_draft: ClassVar[bool] = True
     section: ClassVar[str | None] = "mtp"
+    settings_model: ClassVar[type[Section] | None] = MTPSection
     decoding_types: ClassVar[tuple[str, ...]] = ("MTP",)
     torch_engine_mode: ClassVar[str | None] = "mtp"
     default_k: ClassVar[int | None] = 3

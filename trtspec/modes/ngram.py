@@ -13,14 +13,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import Field
+
+from trtspec.config_types import PositiveInt, Section
 from trtspec.families import TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import supported_minors
 
 if TYPE_CHECKING:
-    from trtspec.config import DeploymentConfig, NGramSection
+    from trtspec.config import DeploymentConfig
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
+
+
+class NGramSection(Section):
+    """N-gram settings, with TensorRT-LLM's NGramDecodingConfig names (trtspec.modes.ngram)."""
+
+    max_matching_ngram_size: PositiveInt = Field(
+        default=3, le=64, description="longest suffix of the sequence looked up in earlier tokens"
+    )
+    is_keep_all: bool = Field(default=True, description="TensorRT-LLM's pool: keep every candidate of a prefix")
+    is_use_oldest: bool = Field(default=True, description="TensorRT-LLM's pool: propose the oldest candidate")
+    is_public_pool: bool = Field(default=True, description="TensorRT-LLM's pool: one pool shared by all requests")
 
 
 class NGram(SpecMode):
@@ -46,20 +60,13 @@ class NGram(SpecMode):
     )
     refuses_draft: ClassVar[bool] = True
     section: ClassVar[str | None] = "ngram"
+    settings_model: ClassVar[type[Section] | None] = NGramSection
     decoding_types: ClassVar[tuple[str, ...]] = ("NGram",)
     served_settings: ClassVar[tuple[str, ...]] = ("max_matching_ngram_size",)
     llm_api_extra: ClassVar[dict[str, Any]] = {"disable_overlap_scheduler": True}  # as NVIDIA's example sets
     default_k: ClassVar[int | None] = 3
 
-    @staticmethod
-    def settings(cfg: DeploymentConfig) -> NGramSection:
-        from trtspec.config import NGramSection
-
-        return cfg.ngram or NGramSection()
-
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
-        from trtspec.config import NGramSection
-
         pool = {f: getattr(self.settings(cfg), f) for f in ("is_keep_all", "is_use_oldest", "is_public_pool")}
         defaults = {f: getattr(NGramSection(), f) for f in pool}
         if cfg.build.backend == "torch" and pool != defaults:
@@ -79,13 +86,7 @@ class NGram(SpecMode):
             "is_public_pool": s.is_public_pool,
         }
 
-    def init_sections(self, target: str, hf_config: dict[str, Any]) -> dict[str, Any]:
-        from trtspec.config import NGramSection
-
-        return {"ngram": NGramSection().model_dump()}
-
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
-        from trtspec.config import NGramSection
         from trtspec.speculative.drafters import NgramDrafter
 
         size = settings.get("max_matching_ngram_size") or NGramSection().max_matching_ngram_size
