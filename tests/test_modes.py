@@ -609,3 +609,29 @@ def test_where_a_mode_runs_names_each_release_it_claims():
     assert get_mode("draft-target").where() == "tensorrt (TensorRT-LLM 1.0-1.2), pytorch (TensorRT-LLM 1.0-1.2), torch"
     assert get_mode("eagle3").where() == "pytorch (TensorRT-LLM 1.0, 1.2)"  # 1.1 is not pinned
     assert get_mode("auto").where() == "pytorch (TensorRT-LLM 1.2), torch"
+
+
+@pytest.mark.parametrize("name", ["eagle3", "medusa"])
+def test_check_treats_heads_as_heads_not_as_models(tmp_path, name):
+    """A real EAGLE-3 head names its own architecture and a short context; Medusa's heads have no hidden_size:
+    neither is a model to hold to the support table, the context length or the memory formula."""
+    from trtspec.check import run_check
+
+    target = make_checkpoint(tmp_path / "t", vocab=8, hidden=16, layers=2)
+    head = make_checkpoint(tmp_path / "h", vocab=8, hidden=16, layers=1)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "max_position_embeddings": 16, "hidden_size": 16}
+    if name == "medusa":
+        config = {"medusa_num_heads": 5, "medusa_num_layers": 1, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}
+    hf = json.loads((head / "config.json").read_text()) if name == "eagle3" else {}
+    (head / "config.json").write_text(json.dumps({**hf, **config}))
+    if name == "eagle3":
+        data = _eagle3("1.2.1")
+    else:
+        data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
+    data["target"], data["draft"] = {"checkpoint": str(target)}, {"checkpoint": str(head)}
+    data["build"].update(max_seq_len=64, max_input_len=16, gpu_memory_gb=80)
+    data["speculation"]["sampling"] = {"max_tokens": 16}
+    report = run_check(validate_config(data))
+    codes = {f.code for f in report.findings if f.severity == "error"}
+    assert not codes & {"architecture-unsupported", "context-length"}, codes
+    assert "memory" in report.facts  # the heads' files counted, no crash on their config

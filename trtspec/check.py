@@ -19,7 +19,7 @@ from trtspec.checkpoints.inspect import (
     read_checkpoint,
     vocab_rows_mismatch,
 )
-from trtspec.checkpoints.memory import MemoryPlan, model_memory
+from trtspec.checkpoints.memory import MemoryPlan, ModelMemory, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
 from trtspec.config import DeploymentConfig
 from trtspec.deploy import sizing
@@ -276,7 +276,12 @@ def _check_differences(target: CheckpointInfo, draft: CheckpointInfo, report: Re
 
 
 def _check_memory(
-    cfg: DeploymentConfig, target: CheckpointInfo, draft: CheckpointInfo | None, gpu_gb: float | None, report: Report
+    cfg: DeploymentConfig,
+    target: CheckpointInfo,
+    draft: CheckpointInfo | None,
+    gpu_gb: float | None,
+    report: Report,
+    heads: CheckpointInfo | None = None,
 ) -> None:
     b = cfg.build
     if b.backend == "torch" and gpu_gb is None:
@@ -293,6 +298,9 @@ def _check_memory(
     dm = None
     if draft is not None and cfg.draft is not None:
         dm = model_memory(draft.config, cfg.draft.dtype, quantization(cfg.draft, draft), b.backend, b.tp, b.pp)
+    elif heads is not None:  # its weight files, held whole on every GPU; its one layer's KV left out
+        size = sizing.weight_files_bytes(heads.path)
+        dm = ModelMemory(params=int(size // 2), weight_bytes_per_gpu=float(size), kv_bytes_per_token_per_gpu=0.0)
     plan = MemoryPlan(gpu_gb, tm, dm, b.max_batch_size * b.max_seq_len, b.kv_cache_free_gpu_mem_fraction)
     report.facts["memory"] = plan.as_dict()
     if plan.weights_gb > gpu_gb:
@@ -426,19 +434,21 @@ def run_check(cfg: DeploymentConfig) -> Report:
     report = Report()
     target = _load(cfg, "target", report)
     spec = get_mode(cfg.mode)
-    draft = _load(cfg, "draft", report) if cfg.draft is not None and spec.needs_draft else None
+    loaded = _load(cfg, "draft", report) if cfg.draft is not None and spec.needs_draft else None
+    # a head (EAGLE-3, Medusa) is not a model: the mode checks it against the target, the model checks skip it
+    draft, heads = (None, loaded) if spec.draft_head else (loaded, None)
     gpu_sm, gpu_gb = detect_gpu()
     gpu_gb = cfg.build.gpu_memory_gb or gpu_gb
     _check_weights({"target": target, "draft": draft}, report)
-    if target is not None and draft is not None and not spec.draft_head:
+    if target is not None and draft is not None:
         _check_tokenizers(target, draft, report)
         _check_differences(target, draft, report)
     _check_support(cfg, target, draft, gpu_sm, report)
-    spec.check(cfg, target, draft, report)
+    spec.check(cfg, target, loaded, report)
     _check_limits(cfg, target, draft, report)
     _check_quantization(cfg, {"target": target, "draft": draft}, report)
     if target is not None:
-        _check_memory(cfg, target, draft, gpu_gb, report)
+        _check_memory(cfg, target, draft, gpu_gb, report, heads)
     _check_placement(cfg, report)
     _check_serving(cfg, report)
     return report

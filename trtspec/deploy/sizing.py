@@ -271,7 +271,7 @@ def _roles(cfg: DeploymentConfig) -> list[ModelSection]:
     return [cfg.target] + ([cfg.draft] if get_mode(cfg.mode).needs_draft and cfg.draft is not None else [])
 
 
-def _weight_files_bytes(path: Path) -> int:
+def weight_files_bytes(path: Path) -> int:
     return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in path.glob(pattern) if f.is_file())
 
 
@@ -285,7 +285,9 @@ def _checkpoint(cfg: DeploymentConfig, section: ModelSection) -> _Checkpoint | N
         disk = parameter_count(known) * _BYTES[known["published"]]
         return _Checkpoint(section, known, int(disk), True, "quantization_config" in known)
     config = read_hf_config(path)
-    disk = _weight_files_bytes(path) or int(parameter_count(config) * _published_bytes(config))
+    if _is_heads(cfg, section):  # a head's config is not a model's: its files are its size
+        return _Checkpoint(section, config, weight_files_bytes(path), False, False)
+    disk = weight_files_bytes(path) or int(parameter_count(config) * _published_bytes(config))
     return _Checkpoint(section, config, disk, False, pre_quantized(CheckpointInfo(path, config, None)))
 
 
@@ -346,9 +348,16 @@ def weights_gb_per_gpu(cfg: DeploymentConfig) -> float | None:
         return None
     total = 0.0
     for c in found:
+        if _is_heads(cfg, c.section):  # heads (EAGLE-3, Medusa) held whole by every GPU: on the safe side
+            total += c.disk_bytes
+            continue
         quantization = _served_quantization(cfg, c)
         total += model_memory(c.config, c.section.dtype, quantization, b.backend, b.tp, b.pp).weight_bytes_per_gpu
     return total / GB
+
+
+def _is_heads(cfg: DeploymentConfig, section: ModelSection) -> bool:
+    return section is cfg.draft and get_mode(cfg.mode).draft_head
 
 
 def _cpu_only(cfg: DeploymentConfig) -> bool:
