@@ -21,7 +21,7 @@ from trtspec.families import BY_ARCHITECTURE, ENGINE_FAMILIES, FAMILIES, convert
 from trtspec.modes import BACKENDS, MODE_NAMES, REGISTRY, RUNNER_MODES, SpecMode, get_mode
 from trtspec.repository.serving import decoding_mode
 from trtspec.support import TABLE
-from trtspec.versions import TRTLLM_CONTAINERS, at_least, minor, supported_minors
+from trtspec.versions import TRTLLM_CONTAINERS, at_least, engine_minors, minor, supported_minors
 
 # a hub id per architecture the walk needs on NVIDIA's backends (never downloaded: hub ids stay as they are)
 HUB_IDS = {"LlamaForCausalLM": "meta-llama/Llama-3.3-70B-Instruct", "DeepseekV3ForCausalLM": "deepseek-ai/DeepSeek-R1"}
@@ -31,6 +31,10 @@ CLAIMED = [(m.name, row.backend) for m in REGISTRY.values() for row in m.support
 def test_every_mode_has_one_row_per_backend_and_the_names_agree_everywhere():
     for mode in REGISTRY.values():
         assert [row.backend for row in mode.support] == list(BACKENDS), mode.name
+        assert mode.engine_mode is None or mode.engine_mode in recipes.ENGINE_SPEC_MODES, mode.name
+        assert all(v in supported_minors() for row in mode.support for v in (row.versions or ())), mode.name
+        if mode.row("tensorrt").versions:  # compiled engines end with 1.2.x
+            assert set(mode.row("tensorrt").versions) <= set(engine_minors()), mode.name
         # a draft engine or a head is a draft checkpoint; a drafter inside the target is neither
         assert mode.needs_draft >= mode.draft_engine and mode.needs_draft >= mode.draft_head, mode.name
         assert not (mode.draft_engine and (mode.draft_head or mode.in_target)), mode.name
@@ -398,9 +402,11 @@ def test_eagle3_writes_each_releases_documented_names():
         "decoding_type": "Eagle",
         "max_draft_len": 3,
         "speculative_model_dir": "/head",
-        "eagle3_one_model": True,
+        "eagle3_one_model": False,  # two models: NVIDIA's table lists one-model for Llama 4 Maverick only
     }
-    assert "disable_overlap_scheduler" not in old
+    assert old["disable_overlap_scheduler"] is True  # the two-model path
+    one = recipes.llm_api_options(validate_config(_eagle3("1.0.3", one_model=True)), 3, "/head")
+    assert one["speculative_config"]["eagle3_one_model"] is True and "disable_overlap_scheduler" not in one
     new = recipes.llm_api_options(
         validate_config(_eagle3("1.2.1", one_model=False, layers_to_capture=[1, 39, 76])), 3, "/h"
     )
@@ -599,6 +605,7 @@ def test_check_refuses_more_medusa_heads_than_the_checkpoint_has(tmp_path):
     heads = _head(tmp_path / "h", medusa_num_heads=3)
     data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
     data["target"], data["draft"] = {"checkpoint": str(target)}, {"checkpoint": str(heads)}
+    data["medusa"]["choices"] = [[0], [0, 0], [1]]  # three deep at most: three heads can run it
     found = {f.code: f for f in run_check(validate_config(data)).findings}
     assert found["medusa-heads"].severity == "error" and "has 3" in found["medusa-heads"].message
     data["medusa"]["num_heads"] = 3
@@ -629,9 +636,78 @@ def test_check_treats_heads_as_heads_not_as_models(tmp_path, name):
     else:
         data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
     data["target"], data["draft"] = {"checkpoint": str(target)}, {"checkpoint": str(head)}
-    data["build"].update(max_seq_len=64, max_input_len=16, gpu_memory_gb=80)
+    data["build"].update(max_seq_len=128, max_input_len=16, gpu_memory_gb=80)  # room for Medusa's 63 drafts
     data["speculation"]["sampling"] = {"max_tokens": 16}
     report = run_check(validate_config(data))
     codes = {f.code for f in report.findings if f.severity == "error"}
     assert not codes & {"architecture-unsupported", "context-length"}, codes
     assert "memory" in report.facts  # the heads' files counted, no crash on their config
+
+
+def test_max_seq_len_leaves_room_for_the_drafts_a_mode_fixes():
+    data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
+    data["build"]["max_input_len"] = 2000  # 2000 + 63 drafts + 1 > 2048
+    with pytest.raises(ConfigError, match=re.escape("room for the prompt, 63 draft tokens")):
+        validate_config(data)
+
+
+def test_medusa_default_tree_needs_its_heads_and_nodes():
+    data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
+    data["medusa"] = {"num_heads": 3}
+    with pytest.raises(ConfigError, match=re.escape("mc_sim_7b_63 tree: it needs num_heads >= 4")):
+        validate_config(data)
+    data["medusa"] = {"num_heads": 3, "choices": [[0], [0, 0], [1]]}
+    assert validate_config(data).medusa.num_heads == 3
+
+
+def test_eagle3_one_model_on_a_llama_3_target_is_flagged(tmp_path):
+    from trtspec.check import run_check
+
+    target = make_checkpoint(tmp_path / "t", vocab=8, hidden=16, layers=2)
+    data = _eagle3("1.2.1", one_model=True)
+    data["target"] = {"checkpoint": str(target)}
+    data["draft"] = {"checkpoint": str(_head(tmp_path / "h"))}
+    assert "eagle3-one-model" in {f.code for f in run_check(validate_config(data)).findings}
+    data["eagle3"] = {"one_model": False}
+    assert "eagle3-one-model" not in {f.code for f in run_check(validate_config(data)).findings}
+
+
+@pytest.mark.parametrize(
+    ("arch", "build", "quantization", "code"),
+    [
+        ("Phi3ForCausalLM", {"pp": 2}, "none", "convert-pipeline"),
+        ("Gemma2ForCausalLM", {}, "int8_weight_only", "convert-weight-only"),
+    ],
+)
+def test_check_finds_what_a_familys_convert_script_cannot_do(tmp_path, arch, build, quantization, code):
+    from trtspec.check import run_check
+
+    cfg, _ = _engine_config(tmp_path, arch, **build)
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    data["target"]["quantization"] = quantization
+    found = {f.code: f for f in run_check(validate_config(data)).findings}
+    assert found[code].severity == "error" and "convert_checkpoint.py" in found[code].message
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "medusa"], "mode medusa needs --draft: its draft checkpoint (the Medusa heads trained for"),
+        (["--mode", "none", "--draft", "x/y"], "--draft is not used with mode none: it takes no draft checkpoint"),
+    ],
+)
+def test_init_says_what_the_draft_is(runner, tmp_path, args, message):
+    res = runner.invoke(cli, ["init", "--target", "lmsys/vicuna-7b-v1.3", *args, "--out", str(tmp_path / "c.yaml")])
+    assert res.exit_code == 2 and message in res.output
+
+
+def test_init_puts_an_embedded_target_where_its_mode_runs(runner, tmp_path):
+    """torch for the modes trtspec's runner has; NVIDIA's first backend for the ones it lacks."""
+    for mode, backend in (("ngram", "torch"), ("eagle3", "pytorch"), ("lookahead", "tensorrt")):
+        out = tmp_path / f"{mode}.yaml"
+        extra = ["--draft", "embedded:tiny-draft"] if get_mode(mode).needs_draft else []
+        res = runner.invoke(
+            cli, ["init", "--target", "embedded:tiny-target", "--mode", mode, *extra, "--out", str(out)]
+        )
+        assert res.exit_code == 0, res.output
+        assert yaml.safe_load(out.read_text())["build"]["backend"] == backend

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trtspec import support
-from trtspec.build.recipes import deepseek_family, deepseek_serving_options
+from trtspec.build.recipes import WEIGHT_ONLY, deepseek_family, deepseek_serving_options
 from trtspec.checkpoints.inspect import (
     VOCAB_ROWS_FIX,
     CheckpointInfo,
@@ -23,6 +23,7 @@ from trtspec.checkpoints.memory import MemoryPlan, ModelMemory, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
 from trtspec.config import DeploymentConfig
 from trtspec.deploy import sizing
+from trtspec.families import convert_family
 from trtspec.modes import get_mode
 from trtspec.versions import minor
 
@@ -182,8 +183,10 @@ def _check_support(
                 "architecture-unsupported",
                 f"{name} architecture {arch} is not supported for {mode} on backend {backend} "
                 f"(supported: {', '.join(row.architectures)})",
-                "use backend pytorch" if backend != "pytorch" else "use a supported model",
+                f"{mode} exists on {get_mode(mode).where()}" if backend != "pytorch" else "use a supported model",
             )
+        elif backend == "tensorrt":
+            _check_convert(cfg, name, info, report)
     if row.min_sm is not None:
         if gpu_sm is None:
             report.add(
@@ -198,11 +201,31 @@ def _check_support(
             )
 
 
+def _check_convert(cfg: DeploymentConfig, name: str, info: CheckpointInfo, report: Report) -> None:
+    """What the family's convert_checkpoint.py cannot do, found here rather than at build."""
+    family = convert_family(info.architecture)
+    section = cfg.target if name == "target" else cfg.draft
+    if family is None or section is None:
+        return
+    own = get_mode(cfg.mode).convert_command(cfg, section, "", None, "", family, "float16")
+    if name == "target" and own is not None:
+        return  # the mode converts the target with a script of its own
+    script = f"examples/models/core/{family.convert_folder}/convert_checkpoint.py"
+    if cfg.build.pp > 1 and family.dialect.pp is None:
+        report.add("error", "convert-pipeline", f"{name}: {script} has no pipeline parallelism", "set build.pp to 1")
+    if section.quantization in WEIGHT_ONLY and family.dialect.weight_only is None:
+        report.add(
+            "error",
+            "convert-weight-only",
+            f"{name}: {script} takes no weight-only quantization flag",
+            "use fp8 (ModelOpt) or no quantization",
+        )
+
+
 def _check_limits(
     cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
 ) -> None:
-    b, k = cfg.build, cfg.speculation.num_draft_tokens
-    drafts = k if get_mode(cfg.mode).speculates() and isinstance(k, int) else 0
+    b, drafts = cfg.build, get_mode(cfg.mode).drafts_per_step(cfg)
     output = cfg.speculation.sampling.max_tokens
     need = b.max_input_len + output + drafts
     if b.max_seq_len < need:

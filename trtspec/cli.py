@@ -18,7 +18,7 @@ from rich.table import Table
 
 from trtspec import __version__
 from trtspec.errors import TrtspecError, UsageError
-from trtspec.modes import MODE_NAMES, RUNNER_MODES, get_mode
+from trtspec.modes import BACKENDS, MODE_NAMES, RUNNER_MODES, get_mode
 
 console = Console()
 
@@ -72,7 +72,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 @click.option("--name", help="Deployment name (default: from the target's directory name).")
 @click.option(
     "--backend",
-    type=click.Choice(["tensorrt", "pytorch", "torch"]),
+    type=click.Choice(BACKENDS),
     default=None,
     help="Engine backend (default: torch for embedded models, else the first of tensorrt, pytorch the mode exists on).",
 )
@@ -99,14 +99,13 @@ def init(
     mode = mode or ("mtp" if mtp else ("draft-target" if draft else "none"))
     spec = get_mode(mode)
     if draft and not spec.needs_draft:
-        raise UsageError(f"--draft is not used with mode {mode}: it drafts without a second model")
+        raise UsageError(f"--draft is not used with mode {mode}: it takes no draft checkpoint")
     if spec.needs_draft and not draft:
-        raise UsageError(
-            f"mode {mode} needs --draft (a draft model sharing the target's tokenizer, or for eagle3 its head)"
-        )
-    if backend is None:
-        engines = [b for b in ("tensorrt", "pytorch") if spec.row(b).exists]
-        backend = "torch" if target.startswith("embedded:") or not engines else engines[0]
+        raise UsageError(f"mode {mode} needs --draft: its draft checkpoint ({spec.draft_role})")
+    if backend is None:  # embedded models on trtspec's runner where it has the mode; else NVIDIA's first
+        usable = [b for b in BACKENDS if spec.row(b).exists]
+        on_torch = "torch" in usable and (target.startswith("embedded:") or usable == ["torch"])
+        backend = "torch" if on_torch else next(b for b in usable if b != "torch")
     if name is None:
         stem = target.removeprefix("embedded:").rstrip("/").split("/")[-1].lower()
         name = "".join(c if c.isalnum() else "-" for c in stem).strip("-")[:63] or "deployment"

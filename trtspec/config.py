@@ -20,12 +20,12 @@ from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.config_types import INT32_MAX, Float, Fraction, Int, Port, PositiveInt
 from trtspec.config_types import Section as _Section
 from trtspec.errors import ConfigError, shorten
-from trtspec.modes import MODE_NAMES, MODES, REGISTRY, get_mode
+from trtspec.modes import BACKENDS, MODE_NAMES, MODES, REGISTRY, get_mode
 from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS, at_least, minor
 
 MAX_DRAFT_TOKENS = 16
 Mode = Literal[MODE_NAMES]  # type: ignore[valid-type]  # the registry's names, trtspec.modes
-Backend = Literal["tensorrt", "pytorch", "torch"]
+Backend = Literal[BACKENDS]  # type: ignore[valid-type]  # trtspec.modes.BACKENDS
 Flavour = Literal["llmapi", "engine"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 Quantization = Literal["none", "fp8", "int8_weight_only", "int4_weight_only", "int4_awq", "nvfp4"]
@@ -324,7 +324,7 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
             )
         )
     errors += spec.validate(cfg)
-    if backend == "torch" and flavour == "engine" and not (spec.row("tensorrt").exists or spec.in_target):
+    if backend == "torch" and flavour == "engine" and spec.speculates() and spec.torch_engine_mode is None:
         errors.append(
             (
                 "serve.flavour",
@@ -360,7 +360,9 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
     ):
         errors.append(("speculation.max_concurrency", f"needs TensorRT-LLM 1.2+, got {b.tensorrt_llm_version}"))
     if cfg.speculation.use_draft_logits and not (flavour == "engine" and spec.draft_engine):
-        errors.append(("speculation.use_draft_logits", "only applies to flavour engine with a draft model"))
+        errors.append(
+            ("speculation.use_draft_logits", "only applies to flavour engine with a draft engine (draft-target)")
+        )
     if backend in ("tensorrt", "pytorch") and cfg.serve.instances > 1:
         errors.append(
             (
@@ -373,8 +375,8 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
         errors.append(("build.tp", f"the torch runner uses one device; set tp and pp to 1, got tp={b.tp} pp={b.pp}"))
     if b.max_input_len >= b.max_seq_len:
         errors.append(("build.max_input_len", f"must be below max_seq_len ({b.max_seq_len}), got {b.max_input_len}"))
-    k = cfg.speculation.num_draft_tokens
-    if spec.speculates() and isinstance(k, int) and b.max_seq_len < b.max_input_len + k + 1:
+    k = spec.drafts_per_step(cfg)
+    if k and b.max_seq_len < b.max_input_len + k + 1:
         errors.append(
             (
                 "build.max_seq_len",

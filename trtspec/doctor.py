@@ -111,7 +111,7 @@ def _capabilities(r: dict[str, Any], best_sm: float, can_serve_python: bool) -> 
     gpu_why = (
         []
         if best_sm >= MIN_SM_SPECULATIVE
-        else [f"no GPU with compute capability >= {MIN_SM_SPECULATIVE} (speculative modes need Ampere or newer)"]
+        else [f"no GPU with compute capability >= {MIN_SM_SPECULATIVE} (the least any mode needs; see modes)"]
     )
     trt_why = (
         ([] if has_trtllm else [no_trtllm])

@@ -49,10 +49,12 @@ class Family:
     mtp: bool = False  # TensorRT-LLM's MTP supports it (docs/source/models/supported-models.md)
     mtp_unverified: bool = False  # reported to work with MTP, not in that table
     eagle3: bool = False  # in TensorRT-LLM's EAGLE-3 support table (1.0 docs: Llama 3.1/3.3, Llama 4 Maverick)
+    eagle3_one_model: bool = False  # ... and one-model there (Llama 4 Maverick only)
+    medusa: bool = False  # Medusa's engine path (examples/medusa: Vicuna, a Llama)
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("LlamaForCausalLM", "llama", torch_runner=True, eagle3=True),
+    Family("LlamaForCausalLM", "llama", torch_runner=True, eagle3=True, medusa=True),
     Family("MistralForCausalLM", "llama", torch_runner=True),
     Family("MixtralForCausalLM", "llama"),
     Family("Qwen2ForCausalLM", "qwen", torch_runner=True),
@@ -61,7 +63,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("Gemma2ForCausalLM", "gemma", GEMMA),
     Family("Phi3ForCausalLM", "phi", NO_PIPELINE),
     Family("NemotronForCausalLM", "gpt"),
-    Family("Llama4ForConditionalGeneration", eagle3=True),
+    Family("Llama4ForConditionalGeneration", eagle3=True, eagle3_one_model=True),
     Family("DeepseekV3ForCausalLM", mtp=True),
     Family("Glm4MoeForCausalLM", mtp_unverified=True),
 )
@@ -72,6 +74,8 @@ TORCH_RUNNER_FAMILIES = tuple(f.architecture for f in FAMILIES if f.torch_runner
 MTP_FAMILIES = tuple(f.architecture for f in FAMILIES if f.mtp)
 UNVERIFIED_MTP_FAMILIES = tuple(f.architecture for f in FAMILIES if f.mtp_unverified)
 EAGLE3_FAMILIES = tuple(f.architecture for f in FAMILIES if f.eagle3)
+EAGLE3_ONE_MODEL_FAMILIES = tuple(f.architecture for f in FAMILIES if f.eagle3_one_model)
+MEDUSA_FAMILIES = tuple(f.architecture for f in FAMILIES if f.medusa)
 
 
 def convert_family(architecture: str) -> Family | None:

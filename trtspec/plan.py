@@ -26,7 +26,7 @@ from trtspec.errors import UsageError
 from trtspec.modes import get_mode
 from trtspec.prompts import Prompt
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
-from trtspec.speculative.factory import load_runner, runner_mode
+from trtspec.speculative.factory import load_runner, mode_settings, runner_mode
 from trtspec.speculative.policy import batch_sizes
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
@@ -262,6 +262,7 @@ def run_plan(
         num_draft_tokens=PROBE_K,
         mtp_layers=cfg.mtp.num_nextn_predict_layers if cfg.mtp else None,
         max_len=max_len,
+        settings=mode_settings(cfg),
     )
     tokenizer = AutoTokenizer.from_pretrained(str(target_path))
     s = cfg.speculation.sampling

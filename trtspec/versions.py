@@ -40,6 +40,11 @@ def supported_minors() -> tuple[str, ...]:
     return tuple(dict.fromkeys(minor(v) for v in TRTLLM_CONTAINERS))
 
 
+def engine_minors() -> tuple[str, ...]:
+    """The minor releases that still build compiled engines (trtllm-build): 1.3 removed them."""
+    return tuple(v for v in supported_minors() if not at_least(v, "1.3"))
+
+
 def container_tag(version: str) -> str:
     """The newest Triton release carrying this TensorRT-LLM version (later ones carry fixes)."""
     return TRTLLM_CONTAINERS[version][-1]

@@ -331,7 +331,7 @@ def serving_decisions(cfg: DeploymentConfig, k: int) -> dict[str, Any]:
 
     decisions: dict[str, Any] = {}
     spec = get_mode(cfg.mode)
-    if spec.draft_engine and spec.engine_draft_len(cfg, k) > k and cfg.build.backend in ("tensorrt", "torch"):
+    if spec.draft_engine and cfg.build.backend in ("tensorrt", "torch"):
         decisions["target_max_draft_len"] = {
             "value": spec.engine_draft_len(cfg, k),
             "num_draft_tokens": k,

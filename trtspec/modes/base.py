@@ -50,6 +50,7 @@ class SpecMode:
     needs_draft: ClassVar[bool] = False  # a second checkpoint: the `draft` section and a draft engine/model
     draft_engine: ClassVar[bool] = False  # the draft runs as a model of its own: a second engine, Triton's BLS loop
     draft_head: ClassVar[bool] = False  # that checkpoint is a head on the target's states: no tokenizer of its own
+    draft_role: ClassVar[str] = ""  # what the draft checkpoint is, for messages
     in_target: ClassVar[bool] = False  # the target drafts by itself (MTP layers, heads): one engine, no draft model
     refuses_draft: ClassVar[bool] = False  # a `draft` section is a mistake (the drafter is elsewhere)
     section: ClassVar[str | None] = None  # the DeploymentConfig field holding this mode's own settings ...
@@ -95,6 +96,14 @@ class SpecMode:
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
         """Drafts per step the mode's own settings fix (None: speculation.num_draft_tokens)."""
         return None
+
+    def drafts_per_step(self, cfg: DeploymentConfig) -> int:
+        """Tokens a step may draft, as sequence lengths must leave room for (0 while `auto` awaits plan)."""
+        if not self.speculates():
+            return 0
+        fixed = self.fixed_draft_len(cfg)
+        k = cfg.speculation.num_draft_tokens
+        return fixed if fixed is not None else (k if isinstance(k, int) else 0)
 
     def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
         """The target engine's max_draft_len for K drafts per step."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trtspec.families import ENGINE_FAMILIES, TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support, draft_model_key
-from trtspec.versions import at_least, supported_minors
+from trtspec.versions import at_least, engine_minors, supported_minors
 
 if TYPE_CHECKING:
     from trtspec.config import DeploymentConfig
@@ -31,7 +31,7 @@ class DraftTarget(SpecMode):
         Support(
             "draft-target",
             "tensorrt",
-            supported_minors(),
+            engine_minors(),
             8.0,
             ENGINE_FAMILIES,
             note="target built with draft_tokens_external + max_draft_len; Triton BLS; no streaming",
@@ -48,6 +48,7 @@ class DraftTarget(SpecMode):
     )
     needs_draft: ClassVar[bool] = True
     draft_engine: ClassVar[bool] = True
+    draft_role: ClassVar[str] = "a model with the target's tokenizer"
     decoding_types: ClassVar[tuple[str, ...]] = ("DraftTarget", "Draft_Target")
     engine_mode: ClassVar[str | None] = "draft_tokens_external"
     torch_engine_mode: ClassVar[str | None] = "draft_tokens_external"

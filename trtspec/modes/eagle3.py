@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import Field
 
 from trtspec.config_types import Int, Section
-from trtspec.families import EAGLE3_FAMILIES
+from trtspec.families import EAGLE3_FAMILIES, EAGLE3_ONE_MODEL_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import at_least
 
@@ -35,7 +35,9 @@ class Eagle3Section(Section):
     """EAGLE-3 settings (trtspec.modes.eagle3); the head checkpoint is the `draft` section."""
 
     one_model: bool = Field(
-        default=True, description="eagle3_one_model: the head runs inside the target's engine (false: two models)"
+        default=False,
+        description="eagle3_one_model: the head inside the target's engine; NVIDIA's 1.0 table lists it for Llama 4"
+        " Maverick only (Llama 3.x: two models)",
     )
     layers_to_capture: list[Annotated[Int, Field(ge=0)]] | None = Field(
         default=None, description="target layers the head reads (1.2+); default: the head's low, middle and high"
@@ -58,6 +60,7 @@ class Eagle3(SpecMode):
     )
     needs_draft: ClassVar[bool] = True
     draft_head: ClassVar[bool] = True
+    draft_role: ClassVar[str] = "the EAGLE-3 head trained for the target"
     section: ClassVar[str | None] = "eagle3"
     settings_model: ClassVar[type[Section] | None] = Eagle3Section
     decoding_types: ClassVar[tuple[str, ...]] = ("Eagle", "Eagle3")
@@ -117,6 +120,15 @@ class Eagle3(SpecMode):
                 "eagle3-layers",
                 f"eagle3.layers_to_capture {list(layers)}: the target has layers 0..{depth - 1}",
                 "capture layers the target has (the default is three: low, middle, high)",
+            )
+        one_model_archs = EAGLE3_ONE_MODEL_FAMILIES
+        if self.settings(cfg).one_model and target.architecture not in one_model_archs:
+            report.add(
+                "warning",
+                "eagle3-one-model",
+                f"eagle3.one_model with {target.architecture}: NVIDIA's support table lists one-model EAGLE-3 for "
+                f"{', '.join(one_model_archs)} only",
+                "set eagle3.one_model: false (two models), or validate on a small run first",
             )
         names = draft.weight_names
         if names is not None and not any(n == "fc.weight" or n.endswith(".fc.weight") for n in names):

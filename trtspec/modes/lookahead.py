@@ -21,7 +21,7 @@ from pydantic import Field
 from trtspec.config_types import Int, PositiveInt, Section
 from trtspec.families import ENGINE_FAMILIES
 from trtspec.modes.base import SpecMode, Support
-from trtspec.versions import supported_minors
+from trtspec.versions import engine_minors
 
 if TYPE_CHECKING:
     from trtspec.check import Report
@@ -50,7 +50,7 @@ class Lookahead(SpecMode):
         Support(
             "lookahead",
             "tensorrt",
-            supported_minors(),
+            engine_minors(),
             8.0,
             ENGINE_FAMILIES,
             note="target built with lookahead_decoding + max_draft_len f(W,N,G); Triton lookahead_* parameters",
@@ -77,7 +77,7 @@ class Lookahead(SpecMode):
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         errors = []
-        s, b = self.settings(cfg), cfg.build
+        s = self.settings(cfg)
         if "num_draft_tokens" in cfg.speculation.model_fields_set:
             errors.append(("speculation.num_draft_tokens", "lookahead's drafts follow from its (W, N, G); remove it"))
         if self.draft_len(cfg) < 1:
@@ -85,15 +85,7 @@ class Lookahead(SpecMode):
                 (
                     "lookahead",
                     f"(W, N, G) = ({s.window_size}, {s.ngram_size}, {s.verification_set_size})"
-                    " drafts nothing; (2, 2, 1) is the smallest that speculates",
-                )
-            )
-        elif b.max_seq_len < b.max_input_len + self.draft_len(cfg) + 1:
-            errors.append(
-                (
-                    "build.max_seq_len",
-                    f"must leave room for the prompt, lookahead's {self.draft_len(cfg)}"
-                    f" draft tokens and one output token: >= {b.max_input_len + self.draft_len(cfg) + 1}",
+                    " drafts nothing: N >= 2 and W - 1 + G >= 1 (NVIDIA's smallest useful is (2, 2, 1))",
                 )
             )
         return errors

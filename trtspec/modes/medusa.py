@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Annotated, ClassVar
 from pydantic import Field
 
 from trtspec.config_types import Int, PositiveInt, Section
+from trtspec.families import MEDUSA_FAMILIES
 from trtspec.modes.base import SpecMode, Support
-from trtspec.versions import supported_minors
+from trtspec.versions import engine_minors
 
 if TYPE_CHECKING:
     from trtspec.build.recipes import Command
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 
 MEDUSA_FOLDER = "medusa"  # examples/medusa/convert_checkpoint.py
 DEFAULT_TOKEN_LEN = 63  # convert_checkpoint.py --max_medusa_token_len's default: the tree's nodes
+# the backend's default tree, Medusa's mc_sim_7b_63 (FasterDecoding/Medusa medusa/model/medusa_choices.py): 63
+# nodes, paths up to 4 deep, so it needs 4 heads and room for 63 drafts
+DEFAULT_TREE_DEPTH, DEFAULT_TREE_NODES = 4, 63
 
 
 class MedusaSection(Section):
@@ -39,7 +43,7 @@ class MedusaSection(Section):
 
     num_heads: PositiveInt = Field(default=4, le=16, description="num_medusa_heads: heads the tree may use")
     max_token_len: PositiveInt = Field(
-        default=63, le=1024, description="max_medusa_token_len: tree nodes, the engine's max_draft_len"
+        default=DEFAULT_TOKEN_LEN, le=1024, description="max_medusa_token_len: tree nodes, the engine's max_draft_len"
     )
     choices: list[list[Annotated[Int, Field(ge=0)]]] | None = Field(
         default=None, description="medusa_choices: the tree's paths, [[0], [0, 0], [1], ...]; default mc_sim_7b_63"
@@ -52,9 +56,9 @@ class Medusa(SpecMode):
         Support(
             "medusa",
             "tensorrt",
-            supported_minors(),
+            engine_minors(),
             8.0,
-            ("LlamaForCausalLM",),
+            MEDUSA_FAMILIES,
             note="target + heads converted by examples/medusa, built with speculative_decoding_mode medusa",
         ),
         Support("medusa", "pytorch", (), None, (), note="does not exist: MedusaDecodingConfig is engines only"),
@@ -62,6 +66,7 @@ class Medusa(SpecMode):
     )
     needs_draft: ClassVar[bool] = True  # the heads checkpoint
     draft_head: ClassVar[bool] = True
+    draft_role: ClassVar[str] = "the Medusa heads trained for the target"
     in_target: ClassVar[bool] = True
     section: ClassVar[str | None] = "medusa"
     settings_model: ClassVar[type[Section] | None] = MedusaSection
@@ -83,13 +88,22 @@ class Medusa(SpecMode):
         for field, section in (("target", cfg.target), ("draft", cfg.draft)):
             if section is not None and section.quantization != "none":
                 errors.append((f"{field}.quantization", "Medusa's convert takes FP16/BF16 weights only (README)"))
-        if s.choices is not None:
-            deepest = max(len(c) for c in s.choices)
+        deepest, nodes = (max(len(c) for c in s.choices), len(s.choices)) if s.choices else (None, None)
+        if deepest is None:  # the backend's default tree
+            if s.num_heads < DEFAULT_TREE_DEPTH or s.max_token_len < DEFAULT_TREE_NODES:
+                errors.append(
+                    (
+                        "medusa.choices",
+                        f"unset, so the backend's mc_sim_7b_63 tree: it needs num_heads >= "
+                        f"{DEFAULT_TREE_DEPTH} and max_token_len >= {DEFAULT_TREE_NODES}; set choices to fit",
+                    )
+                )
+        else:
             if deepest > s.num_heads:
                 why = f"a path of depth {deepest} needs {deepest} heads, num_heads is {s.num_heads}"
                 errors.append(("medusa.choices", why))
-            if len(s.choices) > s.max_token_len:
-                errors.append(("medusa.choices", f"{len(s.choices)} nodes, more than max_token_len {s.max_token_len}"))
+            if nodes > s.max_token_len:
+                errors.append(("medusa.choices", f"{nodes} nodes, more than max_token_len {s.max_token_len}"))
         return errors
 
     def convert_command(

@@ -15,7 +15,7 @@ from pydantic import Field
 from trtspec.config_types import Float, PositiveInt, Section
 from trtspec.families import MTP_FAMILIES, TORCH_RUNNER_FAMILIES, UNVERIFIED_MTP_FAMILIES
 from trtspec.modes.base import SpecMode, Support
-from trtspec.versions import supported_minors
+from trtspec.versions import at_least, supported_minors
 
 if TYPE_CHECKING:
     from trtspec.check import Report
@@ -69,9 +69,10 @@ class MTP(SpecMode):
     default_k: ClassVar[int | None] = 3
 
     def speculative_config(self, cfg: DeploymentConfig, k: int, draft_dir: str | None) -> dict[str, Any] | None:
-        # through 1.2 the depth is num_nextn_predict_layers, which overwrites max_draft_len; the 1.3
-        # rename to max_draft_len is past the releases trtspec generates for (versions.TRTLLM_CONTAINERS)
-        spec: dict[str, Any] = {"decoding_type": "MTP", "num_nextn_predict_layers": k}
+        # through 1.2 the depth is num_nextn_predict_layers, which overwrites max_draft_len; 1.3 renames it
+        # max_draft_len (ref trtllm-speculative-decoding §2.4)
+        depth = "max_draft_len" if at_least(cfg.build.tensorrt_llm_version, "1.3") else "num_nextn_predict_layers"
+        spec: dict[str, Any] = {"decoding_type": "MTP", depth: k}
         if cfg.mtp is not None and cfg.mtp.relaxed_acceptance:
             spec.update(
                 use_relaxed_acceptance_for_thinking=True,

@@ -6,13 +6,13 @@ from typing import ClassVar
 
 from trtspec.families import ENGINE_FAMILIES, TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
-from trtspec.versions import supported_minors
+from trtspec.versions import engine_minors, supported_minors
 
 
 class NoSpeculation(SpecMode):
     name: ClassVar[str] = "none"
     support: ClassVar[tuple[Support, ...]] = (
-        Support("none", "tensorrt", supported_minors(), 7.0, ENGINE_FAMILIES),
+        Support("none", "tensorrt", engine_minors(), 7.0, ENGINE_FAMILIES),
         Support("none", "pytorch", supported_minors(), 7.0, None),
         Support("none", "torch", None, None, TORCH_RUNNER_FAMILIES),
     )

@@ -150,8 +150,9 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
         "trtspec_sampling": json.dumps(_sampling(cfg)),
     }
     spec = get_mode(cfg.mode)
-    target = {**common, "trtspec_mode": cfg.mode if spec.in_target else "none"}  # the target engine drafts itself
-    if spec.in_target:
+    drafts_itself = spec.in_target and spec.torch_engine_mode is not None  # the target engine drafts by itself
+    target = {**common, "trtspec_mode": cfg.mode if drafts_itself else "none"}
+    if drafts_itself:
         target["trtspec_num_draft_tokens"] = str(manifest.num_draft_tokens or 1)
         target["trtspec_policy"] = cfg.speculation.resolved_policy(cfg.build.backend)
         if cfg.speculation.max_concurrency is not None:
@@ -190,11 +191,10 @@ def _nvidia_engine(cfg: DeploymentConfig, out: Path, nvidia_models: str, root: s
     """tensorrt backend: NVIDIA's inflight_batcher_llm python models beside the tensorrtllm backend."""
     b = cfg.build
     engines = f"{root}/engines/{cfg.name}"
-    speculating = get_mode(cfg.mode).draft_engine
     share = shared_gpu_plan(cfg)
     p = engine.EngineParams(
         max_batch_size=b.max_batch_size,
-        decoupled=cfg.serve.streaming and not speculating,
+        decoupled=cfg.serve.streaming and get_mode(cfg.mode).engine_streams,
         engine_dir=f"{engines}/target",
         tokenizer_dir=_container_checkpoint(cfg.target, "target", root),
         kv_cache_free_gpu_mem_fraction=b.kv_cache_free_gpu_mem_fraction,

@@ -166,8 +166,11 @@ class TensorRTLLMModel(BatchedPythonModel):
         engine_dir = Path(p["gpt_model_path"])
         device = resolve_device(p.get("trtspec_device", "auto"))
         max_len = int(p.get("trtspec_max_seq_len", "2048"))
+        from trtspec.modes import get_mode
+
         mode = p.get("trtspec_mode", "none")  # a mode whose drafter lives in the target speculates here
-        k = int(p.get("trtspec_num_draft_tokens", "1")) if mode != "none" else 0
+        spec = get_mode(mode)
+        k = int(p.get("trtspec_num_draft_tokens", "1")) if spec.speculates() else 0
 
         def build():  # on the engine thread: see engine_loop
             if device == "cpu" and p.get("trtspec_cpu_threads"):
@@ -177,7 +180,7 @@ class TensorRTLLMModel(BatchedPythonModel):
             dtype = resolve_dtype(p.get("trtspec_dtype", "auto"), device)
             model = load_transformer(engine_dir, dtype, device, max_len)
             runner = load_runner(engine_dir, mode, num_draft_tokens=max(k, 1), target=model, max_len=max_len)
-            policy = policy_for(
+            policy = spec.k_policy() or policy_for(
                 p.get("trtspec_policy", "fixed"), runner.num_draft_tokens, _int(p.get("trtspec_max_concurrency"))
             )
             engine = runner.engine(slots=int(config.get("max_batch_size") or 8), capacity=max_len, policy=policy)
@@ -193,7 +196,7 @@ class TensorRTLLMModel(BatchedPythonModel):
         self.exclude_input = p.get("exclude_input_in_output", "False").lower() == "true"
         self.declared = [tensor["name"] for tensor in config.get("input", [])]
         self.max_draft_len = int(read_engine_config(engine_dir).get("build_config", {}).get("max_draft_len") or 0)
-        self.speculates = mode != "none"
+        self.speculates = spec.speculates()
         self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
         self.metrics.start(len(self.engine.rows) * self.engine.capacity)
         self.loop.on_step = self.metrics.batch

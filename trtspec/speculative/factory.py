@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from trtspec.config import DeploymentConfig
 
 
+def mode_settings(cfg: DeploymentConfig, mode: str | None = None) -> dict[str, Any] | None:
+    """The config's section for the mode the runner runs (None: it has none, or the config does not set it)."""
+    spec = REGISTRY[mode or cfg.mode]
+    value = getattr(cfg, spec.section, None) if spec.section else None
+    return value.model_dump() if value is not None else None
+
+
 def runner_mode(mode: str) -> SpecMode:
     if mode in REGISTRY and mode not in RUNNER_MODES:
         where = REGISTRY[mode].where()
@@ -107,5 +114,5 @@ def runner_for(
         max_len=cfg.build.max_seq_len,
         target=target,
         planted=planted,
-        settings=getattr(cfg, spec.section).model_dump() if spec.section and getattr(cfg, spec.section) else None,
+        settings=mode_settings(cfg, mode),
     )
