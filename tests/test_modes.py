@@ -4,6 +4,7 @@ walked from `trtspec init` to a repository and manifests on each backend it clai
 from __future__ import annotations
 
 import json
+import os
 import re
 import typing
 from pathlib import Path
@@ -711,3 +712,54 @@ def test_init_puts_an_embedded_target_where_its_mode_runs(runner, tmp_path):
         )
         assert res.exit_code == 0, res.output
         assert yaml.safe_load(out.read_text())["build"]["backend"] == backend
+
+
+# --- what every (mode, backend, release) writes, held to golden files reviewed against NVIDIA's sources -------
+
+GOLDEN_MODES = REPO / "tests" / "golden" / "modes.json"
+
+
+def _written(name: str, backend: str, version: str) -> dict:
+    mode = get_mode(name)
+    data = {
+        "name": "golden",
+        "target": {"checkpoint": HUB_IDS["DeepseekV3ForCausalLM" if name == "mtp" else "LlamaForCausalLM"]},
+        "speculation": {"mode": name},
+        "build": {"backend": backend, "tensorrt_llm_version": version},
+        "serve": {"flavour": "engine" if backend == "tensorrt" else "llmapi", "streaming": False},
+    }
+    if mode.needs_draft:
+        data["draft"] = {"checkpoint": "org/draft"}
+    if mode.default_k is not None:
+        data["speculation"]["num_draft_tokens"] = mode.default_k
+    cfg = validate_config(data)
+    k = mode.drafts_per_step(cfg)
+    if backend == "pytorch":
+        return recipes.llm_api_options(cfg, k, "/draft" if mode.needs_draft else None)
+    from trtspec.build.builder import tensorrt_commands
+
+    convert, build = tensorrt_commands(cfg, "target", cfg.target, "/target", k, "/w", "/out", "/draft")
+    return {
+        "convert": [convert.family, *convert.args],
+        "trtllm-build": list(build.args),
+        "tensorrt_llm parameters": mode.triton_parameters(cfg),
+    }
+
+
+CLAIMS = [
+    (m.name, backend, v)
+    for m in REGISTRY.values()
+    for backend in ("tensorrt", "pytorch")
+    for v in TRTLLM_CONTAINERS
+    if m.row(backend).versions and minor(v) in m.row(backend).versions
+]
+
+
+def test_every_claimed_mode_backend_and_release_writes_its_golden_recipe():
+    written = {f"{n} {b} {v}": _written(n, b, v) for n, b, v in CLAIMS}
+    if os.environ.get("TRTSPEC_UPDATE_GOLDEN") == "1":
+        GOLDEN_MODES.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
+    golden = json.loads(GOLDEN_MODES.read_text())
+    assert sorted(written) == sorted(golden), "a claim was added or dropped (TRTSPEC_UPDATE_GOLDEN=1 rewrites)"
+    for key, value in written.items():
+        assert value == golden[key], f"{key} differs from tests/golden/modes.json"
