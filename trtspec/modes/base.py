@@ -106,8 +106,9 @@ class SpecMode:
         return fixed if fixed is not None else (k if isinstance(k, int) else 0)
 
     def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
-        """The target engine's max_draft_len for K drafts per step."""
-        return k
+        """The target engine's max_draft_len for K drafts per step: what the mode's settings fix, else K."""
+        fixed = self.fixed_draft_len(cfg)
+        return fixed if fixed is not None else k
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         """Config rules of this mode beyond the common ones (field, fix)."""

@@ -121,13 +121,12 @@ class Eagle3(SpecMode):
                 f"eagle3.layers_to_capture {list(layers)}: the target has layers 0..{depth - 1}",
                 "capture layers the target has (the default is three: low, middle, high)",
             )
-        one_model_archs = EAGLE3_ONE_MODEL_FAMILIES
-        if self.settings(cfg).one_model and target.architecture not in one_model_archs:
+        if self.settings(cfg).one_model and target.architecture not in EAGLE3_ONE_MODEL_FAMILIES:
             report.add(
                 "warning",
                 "eagle3-one-model",
                 f"eagle3.one_model with {target.architecture}: NVIDIA's support table lists one-model EAGLE-3 for "
-                f"{', '.join(one_model_archs)} only",
+                f"{', '.join(EAGLE3_ONE_MODEL_FAMILIES)} only",
                 "set eagle3.one_model: false (two models), or validate on a small run first",
             )
         names = draft.weight_names

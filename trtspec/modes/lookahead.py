@@ -72,9 +72,6 @@ class Lookahead(SpecMode):
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
         return self.draft_len(cfg)  # set by (W, N, G); speculation.num_draft_tokens does not apply
 
-    def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
-        return self.draft_len(cfg)
-
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         errors = []
         s = self.settings(cfg)

@@ -77,9 +77,6 @@ class Medusa(SpecMode):
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
         return self.settings(cfg).max_token_len  # the tree's nodes; speculation.num_draft_tokens does not apply
 
-    def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
-        return self.settings(cfg).max_token_len
-
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         errors = []
         s = self.settings(cfg)
