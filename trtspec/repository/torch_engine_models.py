@@ -35,6 +35,7 @@ from trtspec.repository.pb import (
     utf8,
 )
 from trtspec.repository.spec_metrics import BLS_REQUEST_PREFIX, SpecMetrics
+from trtspec.speculative.requests import positions_needed
 
 # What trtspec's torch engine does with each input TensorRT-LLM's tensorrt_llm model declares. An
 # input in none of these groups is refused whenever a request gives it, so nothing a client sends is
@@ -579,7 +580,7 @@ class BLSModel(PythonModel):
         seq = pre["INPUT_ID"][0][: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
         n_prompt = len(seq)
         # the longest call the loop can make: the sequence before the last K drafts, K drafts, K + 1 outputs
-        need = n_prompt + max_tokens + min(k, max_tokens - 1) + 2
+        need = positions_needed(n_prompt, max_tokens, min(k, max_tokens - 1))
         if self.max_seq_len is not None and need > self.max_seq_len:
             raise RequestError(
                 f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) + num_draft_tokens "

@@ -22,8 +22,16 @@ import torch
 
 from trtspec.speculative.drafters import BatchState, Drafter, _positions, _window
 from trtspec.speculative.model import Slots, Transformer
-from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, SamplingParams, Step
+from trtspec.speculative.requests import (
+    Generation,
+    GenerationParams,
+    RequestStats,
+    SamplingParams,
+    Step,
+    positions_needed,
+)
 from trtspec.speculative.sampling import probs_from_logits, sample
+from trtspec.speculative.tree import TreeShape, compact, verification_attention, verify_tree
 from trtspec.speculative.verification import Verified, verify, verify_greedy
 
 # on_tokens(tokens) streams each accepted chunk of one sequence; returning True stops it (a stop string)
@@ -140,8 +148,14 @@ class BatchEngine:
         verify_fn=verify,
         policy: KPolicy | None = None,
         reuse: bool = False,
+        tree: TreeShape | None = None,
     ) -> None:
         self.target, self.drafter = target, drafter
+        if tree is not None and (drafter is None or not drafter.proposes_trees):
+            raise ValueError(f"{type(drafter).__name__} drafts chains only: no token tree")
+        self.tree = tree
+        # with a tree, K is its depth: the most drafts a step can accept
+        num_draft_tokens = tree.depth if tree is not None else num_draft_tokens
         self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
         self.capacity = min(capacity, target.max_positions)
         self.max_num_tokens = max_num_tokens
@@ -176,13 +190,18 @@ class BatchEngine:
 
     def positions_needed(self, prompt_tokens: int, params: GenerationParams) -> int:
         """Positions a sequence reserves: prompt, output, the widest step's drafts, and the bonus."""
-        k = self._k_of(params)
-        return prompt_tokens + params.max_tokens + k + 2
+        return positions_needed(prompt_tokens, params.max_tokens, self._draft_slots(self._k_of(params)))
 
     def _k_of(self, params: GenerationParams) -> int:
         if self.drafter is None:
             return 0
+        if self.tree is not None:
+            return self.tree.depth
         return self.num_draft_tokens if params.num_draft_tokens is None else params.num_draft_tokens
+
+    def _draft_slots(self, k: int) -> int:
+        """Cache slots a step writes drafts into: K for a chain, every node of a tree."""
+        return self.tree.nodes if self.tree is not None and k > 0 else k
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence; raises ValueError for one that could not finish in a slot."""
@@ -193,7 +212,7 @@ class BatchEngine:
         if seq.drafts is not None and self.drafter is not None:  # its caches would not follow the given drafts
             raise ValueError("this model drafts its own tokens: draft_input_ids are for a model without a drafter")
         seq.num_draft_tokens = len(seq.drafts) if seq.drafts is not None else self._k_of(seq.params)
-        need = len(seq.prompt) + seq.params.max_tokens + seq.num_draft_tokens + 2
+        need = positions_needed(len(seq.prompt), seq.params.max_tokens, self._draft_slots(seq.num_draft_tokens))
         if need > self.capacity:
             raise ValueError(
                 f"prompt ({len(seq.prompt)}) + max_tokens ({seq.params.max_tokens}) + drafts "
@@ -283,7 +302,9 @@ class BatchEngine:
         prefilling = [s for s in self.rows if s is not None and not s.prefilled]
         if prefilling:
             self._prefill(sorted(prefilling, key=lambda s: s.admitted_ns), budget)
-        if decoding:
+        if decoding and self.tree is not None:
+            self._decode_tree(decoding)
+        elif decoding:
             self._decode(decoding, k)
         running = [s for s in self.rows if s is not None and s.prefilled]
         if running:
@@ -382,6 +403,39 @@ class BatchEngine:
         seconds = time.perf_counter() - t0
         self.policy.observe(
             n, k, seconds, (pos < num_drafts[:, None]).sum(0).tolist(), (pos < m[:, None]).sum(0).tolist()
+        )
+
+    def _decode_tree(self, seqs: list[Sequence]) -> None:
+        """One step with a token tree: draft it, verify every node in one target pass, keep the accepted path."""
+        slots = Slots.of([s.slot for s in seqs], self.device)
+        idx = slots.index
+        sampling = RowSampling([(s.params.sampling, s.generator) for s in seqs], self.device)
+        self.state.sampling = sampling
+        old = self.state.lengths[idx].clone()
+        t0 = time.perf_counter()
+        tree = self.drafter.propose_tree(self.state, self.tree, slots)
+        t1 = time.perf_counter()
+        root = self.state.tokens[idx, old - 1][:, None]
+        positions, attention = verification_attention(tree, old)
+        out = self.target(torch.cat([root, tree.tokens], 1), positions, self.cache, slots=slots, tree=attention)
+        result = verify_tree(tree, out.logits, sampling)
+        compact(self.cache, slots, old, result.path, result.num_accepted)
+        t2 = time.perf_counter()
+        m, depth = result.num_accepted, self.tree.depth
+        # per depth: rows whose tree reached it, and rows that accepted that deep
+        reach = (tree.depths[:, None, :] > torch.arange(depth, device=self.device)[None, :, None]) & tree.valid[:, None]
+        reached = reach.any(-1).long()
+        pos = torch.arange(depth, device=self.device)[None, :]
+        self.drafted_pos[idx, :depth] += reached
+        self.accepted_pos[idx, :depth] += pos < m[:, None]
+        for seq, d, a in zip(seqs, reached.sum(1).tolist(), m.tolist(), strict=True):
+            seq.step_log.append(Step(d, a, t1 - t0, t2 - t1))
+        self._commit(seqs, result.tokens, m + 1)
+        self.cached[idx] = self.state.lengths[idx] - 1
+        self.drafter.commit_tree(self.state, old, slots)
+        self.last_k, self.last_batch = depth, len(seqs)
+        self.policy.observe(
+            len(seqs), depth, time.perf_counter() - t0, reached.sum(0).tolist(), (pos < m[:, None]).sum(0).tolist()
         )
 
     def _given_drafts(self, seqs, drafts, q, num_drafts, k_rows):

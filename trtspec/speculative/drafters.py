@@ -16,6 +16,7 @@ from trtspec.speculative.model import Slots, Transformer
 
 if TYPE_CHECKING:
     from trtspec.speculative.batch import RowSampling
+    from trtspec.speculative.tree import TokenTree, TreeShape
 
 
 @dataclass
@@ -79,9 +80,13 @@ def _proposal(drafts: list[torch.Tensor], probs: list[torch.Tensor | None], batc
 
 class Drafter:
     """Interface: `start` with the engine, `admit` when a sequence takes a slot, `propose` before each
-    verification, `commit` after. `slots` are the rows of the step, in the order of its batch."""
+    verification, `commit` after. `slots` are the rows of the step, in the order of its batch.
+
+    Drafters that can offer several candidates per position also `propose_tree` (trtspec.speculative.tree),
+    and `commit_tree` after the tree was verified."""
 
     needs_target_hidden = False
+    proposes_trees = False
 
     def start(self, state: BatchState, capacity: int) -> None:
         raise NotImplementedError
@@ -94,6 +99,12 @@ class Drafter:
 
     def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int, slots: Slots) -> None:
         """Called after the engine appended the verified tokens (lengths already updated)."""
+
+    def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
+        raise NotImplementedError(f"{type(self).__name__} drafts chains only")
+
+    def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots) -> None:
+        """Called after a verified tree's tokens were appended."""
 
     def draw(self, logits: torch.Tensor, state: BatchState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A token per row and the processed distribution it was drawn from (the q of verification).
@@ -117,7 +128,8 @@ class DraftModelDrafter(Drafter):
     def admit(self, slots: torch.Tensor, reused: torch.Tensor) -> None:
         self.valid[slots] = torch.minimum(self.valid[slots], reused)
 
-    def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
+    def _catch_up(self, state: BatchState, slots: Slots) -> torch.Tensor:
+        """Feed each row's committed tokens the cache lacks; the logits [B, V] after its last token."""
         idx = slots.index
         valid, lengths = self.valid[idx], state.lengths[idx]
         if (behind := _behind(lengths - valid)) is not None:  # cache all but their last position, alone
@@ -130,7 +142,11 @@ class DraftModelDrafter(Drafter):
         counts = lengths - valid
         tokens = _window(state.tokens, valid, counts, idx)
         out = self.model(tokens, _positions(valid, counts), self.cache, slots=slots)
-        logits = out.logits[torch.arange(len(idx), device=idx.device), counts - 1]
+        return out.logits[torch.arange(len(idx), device=idx.device), counts - 1]
+
+    def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
+        lengths = state.lengths[slots.index]
+        logits = self._catch_up(state, slots)
         drafts, probs = [], []
         for j in range(k):
             d, q = self.draw(logits, state)
@@ -139,7 +155,7 @@ class DraftModelDrafter(Drafter):
             if j + 1 < k:
                 pos = (lengths + j)[:, None]
                 logits = self.model(d[:, None], pos, self.cache, slots=slots).logits[:, -1]
-        return _proposal(drafts, probs, len(idx))
+        return _proposal(drafts, probs, len(lengths))
 
     def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int, slots: Slots) -> None:
         # fed: everything committed before this step, then drafts 1..k-1 at old_len..old_len+k-2
@@ -147,6 +163,47 @@ class DraftModelDrafter(Drafter):
         valid = self.valid[idx]
         fed = old_lengths + k - 1 if k > 0 else valid
         self.valid[idx] = torch.minimum(torch.maximum(fed, valid), state.lengths[idx] - 1)
+
+    proposes_trees = True
+
+    def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
+        """EAGLE-2's dynamic tree: expand the kept nodes of a level by their top candidates, keep the
+        `width` with the highest cumulative draft log-probability. One draft pass per level, as a chain."""
+        from trtspec.speculative.tree import TokenTree, ancestors, tree_attention
+
+        n = state.lengths[slots.index]
+        b, w = len(n), shape.width
+        device = n.device
+        logp = self._catch_up(state, slots).log_softmax(-1)  # [B, V]
+        score, tokens = logp.topk(w, -1)  # the root's children
+        parents = torch.full((b, w), -1, dtype=torch.long, device=device)
+        all_tokens, all_parents, all_scores = [tokens], [parents], [score]
+        for level in range(1, shape.depth):
+            so_far = torch.cat(all_parents, 1)
+            anc = ancestors(so_far)
+            frontier = slice(so_far.shape[1] - w, so_far.shape[1])
+            rope = (n - 1 + level)[:, None].expand(b, w)
+            attention = tree_attention(n, n, anc[:, frontier], rope)
+            out = self.model(
+                all_tokens[-1],
+                n[:, None] + torch.arange(frontier.start, frontier.stop),
+                self.cache,
+                slots=slots,
+                tree=attention,
+            )
+            cand = all_scores[-1][:, :, None] + out.logits.log_softmax(-1).topk(w, -1).values  # [B, w, w]
+            cand_tokens = out.logits.topk(w, -1).indices
+            score, best = cand.reshape(b, w * w).topk(w, -1)
+            all_tokens.append(cand_tokens.reshape(b, w * w).gather(1, best))
+            all_parents.append(frontier.start + best // w)
+            all_scores.append(score)
+        parents = torch.cat(all_parents, 1)
+        depths = torch.arange(1, shape.depth + 1, device=device).repeat_interleave(w)[None, :].expand(b, -1)
+        return TokenTree(torch.cat(all_tokens, 1), parents, depths, torch.ones_like(parents, dtype=torch.bool))
+
+    def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots) -> None:
+        # the tree's slots hold branches, not the sequence: keep the committed part, re-feed the rest
+        self.valid[slots.index] = torch.minimum(old_lengths, state.lengths[slots.index] - 1)
 
 
 class MTPDrafter(Drafter):
@@ -253,6 +310,48 @@ class NgramDrafter(Drafter):
                 if seq[start : start + size] == tail:
                     return seq[start + size : start + size + k]
         return []
+
+    proposes_trees = True
+
+    def continuations(self, seq: list[int], depth: int, width: int, max_ngram: int) -> list[list[int]]:
+        """Up to `width` distinct continuations of the latest matches, longest n-gram first."""
+        found: list[list[int]] = []
+        for size in range(min(max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            tail = seq[-size:]
+            for start in range(len(seq) - size - 1, -1, -1):
+                if seq[start : start + size] == tail:
+                    follow = seq[start + size : start + size + depth]
+                    if follow not in found:
+                        found.append(follow)
+                        if len(found) == width:
+                            return found
+        return found
+
+    def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
+        """The continuations of several earlier matches merged into a trie (parents before children)."""
+        from trtspec.speculative.tree import TokenTree
+
+        rows = slots.index.tolist()
+        t = shape.nodes
+        tokens = torch.zeros(len(rows), t, dtype=torch.long)
+        parents = torch.full((len(rows), t), -1, dtype=torch.long)
+        depths = torch.ones(len(rows), t, dtype=torch.long)
+        valid = torch.zeros(len(rows), t, dtype=torch.bool)
+        size = self.ngram_size(len(rows))
+        for b, slot in enumerate(rows):
+            seq = state.tokens[slot, : int(state.lengths[slot])].tolist()
+            index: dict[tuple[int, ...], int] = {}
+            found = self.continuations(seq, shape.depth, shape.width, size)
+            for level in range(1, shape.depth + 1):
+                for follow in found:
+                    prefix = tuple(follow[:level])
+                    if len(prefix) < level or prefix in index:
+                        continue
+                    i = index[prefix] = len(index)
+                    tokens[b, i], depths[b, i], valid[b, i] = prefix[-1], level, True
+                    parents[b, i] = index[prefix[:-1]] if level > 1 else -1
+        device = state.tokens.device
+        return TokenTree(tokens.to(device), parents.to(device), depths.to(device), valid.to(device))
 
     def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
         rows = slots.index.tolist()

@@ -184,6 +184,15 @@ class MTPLayer(nn.Module):
         self.head_norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
 
 
+@dataclass(frozen=True)
+class TreeAttention:
+    """Tokens of a token tree written at consecutive cache slots: each sits at its depth's rotary
+    position and sees the committed prefix, its ancestors and itself, never its siblings' branches."""
+
+    rope_positions: torch.Tensor  # [B, T] position in the sequence if this node's branch were taken
+    mask: torch.Tensor  # [B, 1, T, >= kv_len] bool: slot visible to the query
+
+
 @dataclass
 class ForwardOut:
     logits: torch.Tensor  # [B, T, V] float32 (or [B, 1, V] for last-only)
@@ -226,15 +235,18 @@ class Transformer(nn.Module):
             self.embed_tokens.weight.device,
         )
 
-    def _attention_inputs(self, positions: torch.Tensor, cache: KVCache):
-        """cos/sin at each row's positions, and a causal mask over the valid cache prefix."""
+    def _attention_inputs(self, positions: torch.Tensor, cache: KVCache, tree: TreeAttention | None = None):
+        """cos/sin at each row's positions, and a causal mask over the valid cache prefix (or the tree's)."""
         if int(positions.max()) >= min(cache.max_len, self.max_positions):
             raise UsageError(f"sequence longer than the KV cache ({cache.max_len} positions)")
         kv_len = int(positions.max()) + 1
-        cos = self.rope_cos[positions].unsqueeze(1)
-        sin = self.rope_sin[positions].unsqueeze(1)
+        rope = positions if tree is None else tree.rope_positions
+        cos = self.rope_cos[rope].unsqueeze(1)
+        sin = self.rope_sin[rope].unsqueeze(1)
         b, t = positions.shape
-        if b == 1 and t == 1:
+        if tree is not None:
+            mask = tree.mask[..., :kv_len]
+        elif b == 1 and t == 1:
             mask = None  # one query at the last position sees the whole prefix
         else:
             keys = torch.arange(kv_len, device=positions.device)
@@ -248,11 +260,14 @@ class Transformer(nn.Module):
         cache: KVCache,
         last_only: bool = False,
         slots: Slots | None = None,
+        tree: TreeAttention | None = None,
     ) -> ForwardOut:
         """Run `tokens` [B, T] at `positions` [B, T], writing their keys and values into `cache`
-        (into rows `slots` when the batch is a subset of the cache's rows)."""
+        (into rows `slots` when the batch is a subset of the cache's rows). With `tree`, `positions`
+        are the cache slots the tokens are written to, and the tree gives their rotary positions and
+        which slots each one attends to."""
         cache, index = slots.resolve(cache) if slots is not None else (cache, None)
-        cos, sin, mask, kv_len = self._attention_inputs(positions, cache)
+        cos, sin, mask, kv_len = self._attention_inputs(positions, cache, tree)
         x = self.embed_tokens(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, positions, mask, kv_len, index)

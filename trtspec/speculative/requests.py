@@ -28,6 +28,12 @@ class GenerationParams:
     num_draft_tokens: int | None = None  # default: the runner's
 
 
+def positions_needed(prompt_tokens: int, max_tokens: int, draft_slots: int) -> int:
+    """KV-cache positions a request reserves: its prompt and output, the slots the widest step writes
+    drafts into past them (K for a chain, every node of a tree), and two for the bonus token."""
+    return prompt_tokens + max_tokens + draft_slots + 2
+
+
 @dataclass(frozen=True)
 class Step:
     """One target pass after the prefill as one row saw it; the server's histograms observe these."""

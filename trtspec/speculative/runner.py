@@ -17,7 +17,8 @@ import torch
 from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence
 from trtspec.speculative.drafters import Drafter
 from trtspec.speculative.model import Transformer
-from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step
+from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step, positions_needed
+from trtspec.speculative.tree import TreeShape
 from trtspec.speculative.verification import verify
 
 __all__ = ["Generation", "GenerationParams", "RequestStats", "SpeculativeRunner", "Step"]
@@ -34,9 +35,11 @@ class SpeculativeRunner:
         num_draft_tokens: int = 4,
         max_len: int = 1024,
         verify_fn=verify,
+        tree: TreeShape | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
+        self.tree = tree
         self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
         self.max_len = min(max_len, target.max_positions)
         self.verify_fn = verify_fn
@@ -55,6 +58,7 @@ class SpeculativeRunner:
             verify_fn=self.verify_fn,
             policy=policy,
             reuse=True,
+            tree=self.tree,
         )
 
     @torch.inference_mode()
@@ -67,14 +71,22 @@ class SpeculativeRunner:
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
         k = 0 if self.drafter is None else (params.num_draft_tokens or self.num_draft_tokens)
-        capacity = max(len(p) for p in prompts) + params.max_tokens + k + 2
+        draft_slots = self.tree.nodes if self.tree is not None and k else k
+        # the caches hold what the longest request needs, not max_len
+        capacity = positions_needed(max(len(p) for p in prompts), params.max_tokens, draft_slots)
         if capacity > self.max_len:
             raise ValueError(
                 f"prompt ({max(len(p) for p in prompts)}) + max_tokens ({params.max_tokens}) + drafts "
-                f"({k}) exceed the runner's {self.max_len} positions"
+                f"({draft_slots}) exceed the runner's {self.max_len} positions"
             )
         engine = BatchEngine(
-            self.target, self.drafter, self.num_draft_tokens, len(prompts), capacity, verify_fn=self.verify_fn
+            self.target,
+            self.drafter,
+            self.num_draft_tokens,
+            len(prompts),
+            capacity,
+            verify_fn=self.verify_fn,
+            tree=self.tree,
         )
         device = engine.device
         generator = torch.Generator(device=device).manual_seed(params.seed) if params.seed is not None else None

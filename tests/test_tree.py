@@ -1,0 +1,135 @@
+"""Token trees: tree attention gives each node the logits of its own branch, the accepted path's cache
+is the committed sequence's, and greedy tree decoding is plain decoding for every drafter that
+proposes trees, alone and batched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_checkpoint
+
+from trtspec.speculative.batch import Sequence
+from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.model import load_transformer
+from trtspec.speculative.requests import SamplingParams
+from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+from trtspec.speculative.tree import TokenTree, TreeShape, ancestors, verification_attention
+
+PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13]]
+GREEDY = GenerationParams(max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree")
+    target = load_transformer(make_checkpoint(root / "t", vocab=50, hidden=32, layers=2, heads=4, kv_heads=2, seed=1))
+    draft = load_transformer(make_checkpoint(root / "d", vocab=50, hidden=32, layers=1, heads=4, kv_heads=2, seed=2))
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def plain(pair):
+    return SpeculativeRunner(pair[0]).generate(PROMPTS, GREEDY)
+
+
+def test_shape_parses_and_refuses():
+    assert TreeShape.parse(" 4x3 ") == TreeShape(4, 3) and TreeShape(4, 3).nodes == 12
+    for bad in ("4", "0x3", "4x0", "axb", "4x3x2"):
+        with pytest.raises(ValueError, match="DEPTHxWIDTH"):
+            TreeShape.parse(bad)
+
+
+def test_ancestors_follow_parents():
+    #      root -> 0 -> 2 -> 3 ; root -> 1
+    anc = ancestors(torch.tensor([[-1, -1, 0, 2]]))[0]
+    assert anc.tolist() == [
+        [True, False, False, False],
+        [False, True, False, False],
+        [True, False, True, False],
+        [True, False, True, True],
+    ]
+
+
+@torch.inference_mode()
+def test_every_node_gets_the_logits_of_its_own_branch(pair):
+    """One tree pass equals, node by node, a plain forward of prefix + that node's branch."""
+    target, _ = pair
+    prefix = [5, 6, 7, 8]
+    tree = TokenTree(
+        tokens=torch.tensor([[20, 21, 22, 23, 24, 25]]),
+        parents=torch.tensor([[-1, -1, 0, 0, 1, 3]]),
+        depths=torch.tensor([[1, 1, 2, 2, 2, 3]]),
+        valid=torch.ones(1, 6, dtype=torch.bool),
+    )
+    cache = target.new_cache(1, 32)
+    target(torch.tensor([prefix[:-1]]), torch.arange(3)[None], cache)  # all but the root, as the engine keeps it
+    old = torch.tensor([len(prefix)])
+    slots, attention = verification_attention(tree, old)
+    got = target(torch.cat([torch.tensor([[prefix[-1]]]), tree.tokens], 1), slots, cache, tree=attention).logits[0]
+    branches = {0: [20], 1: [21], 2: [20, 22], 3: [20, 23], 4: [21, 24], 5: [20, 23, 25]}
+    for node, branch in branches.items():
+        seq = torch.tensor([prefix + branch])
+        fresh = target(seq, torch.arange(seq.shape[1])[None], target.new_cache(1, 32)).logits[0, -1]
+        assert torch.allclose(got[node + 1], fresh, atol=1e-5), node
+    root = target(torch.tensor([prefix]), torch.arange(4)[None], target.new_cache(1, 32)).logits[0, -1]
+    assert torch.allclose(got[0], root, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["1x1", "3x2", "4x3"])
+def test_greedy_tree_decoding_is_plain_decoding(pair, plain, shape):
+    target, draft = pair
+    for drafter in (DraftModelDrafter(draft), DraftModelDrafter(target), NgramDrafter()):
+        runner = SpeculativeRunner(target, drafter, tree=TreeShape.parse(shape))
+        together = runner.generate(PROMPTS, GREEDY)
+        assert [g.tokens for g in together] == [g.tokens for g in plain], type(drafter).__name__
+        alone = [runner.generate([p], GREEDY)[0] for p in PROMPTS]
+        assert [g.tokens for g in alone] == [g.tokens for g in plain]
+
+
+def test_a_perfect_drafter_accepts_the_whole_depth(pair, plain):
+    """Width 1 keeps the argmax path (wider trees prune by cumulative score, which can drop it)."""
+    target, _ = pair
+    out = SpeculativeRunner(target, DraftModelDrafter(target), tree=TreeShape(3, 1)).generate(PROMPTS, GREEDY)
+    assert all(g.stats.acceptance_rate == 1.0 for g in out)
+    assert all(g.stats.steps == -(-23 // 4) for g in out)  # depth + 1 tokens per pass
+
+
+def test_wider_trees_accept_more_than_chains(pair):
+    """The random draft's top candidate is rarely the target's; its top 4 more often are."""
+    target, draft = pair
+    chain = SpeculativeRunner(target, DraftModelDrafter(draft), tree=TreeShape(3, 1)).generate(PROMPTS, GREEDY)
+    wide = SpeculativeRunner(target, DraftModelDrafter(draft), tree=TreeShape(3, 4)).generate(PROMPTS, GREEDY)
+    accepted = [sum(g.stats.accepted_tokens for g in out) for out in (chain, wide)]
+    assert accepted[1] > accepted[0]
+
+
+def test_ngram_tree_merges_several_matches():
+    drafter = NgramDrafter(max_ngram=2)
+    seq = [1, 2, 7, 8, 1, 2, 9, 4, 1, 2, 7, 5, 1, 2]
+    assert drafter.continuations(seq, 2, 3, 2) == [[7, 5], [9, 4], [7, 8]]
+
+
+def test_sampled_tree_decoding_is_reproducible_and_counts_positions(pair):
+    target, draft = pair
+    params = GenerationParams(max_tokens=24, sampling=SamplingParams(temperature=1.0), seed=3)
+    runner = SpeculativeRunner(target, DraftModelDrafter(draft), tree=TreeShape(3, 3))
+    first, again = runner.generate(PROMPTS, params), runner.generate(PROMPTS, params)
+    assert [g.tokens for g in first] == [g.tokens for g in again]
+    for g in first:
+        assert len(g.stats.drafted_per_position) == 3
+        assert g.stats.accepted_per_position[0] <= g.stats.drafted_per_position[0] == g.stats.steps
+
+
+def test_chain_only_drafters_and_given_drafts_are_refused(pair):
+    target, _ = pair
+    with pytest.raises(ValueError, match="chains only"):
+        SpeculativeRunner(target, None, tree=TreeShape(2, 2)).engine(1)
+    runner = SpeculativeRunner(target, NgramDrafter(), tree=TreeShape(2, 2))
+    with pytest.raises(ValueError, match="drafts its own tokens"):
+        runner.engine(1).add(Sequence([1, 2, 3], GREEDY, drafts=[4, 5]))
+
+
+def test_mtp_drafts_chains_only(tmp_path):
+    target = load_transformer(make_checkpoint(tmp_path / "m", vocab=50, hidden=32, layers=1, heads=4, mtp_layers=1))
+    with pytest.raises(ValueError, match="MTPDrafter drafts chains only"):
+        SpeculativeRunner(target, MTPDrafter(target), tree=TreeShape(2, 2)).engine(1)
