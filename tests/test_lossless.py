@@ -18,12 +18,15 @@ import torch
 from scipy import stats
 from tiny_models import make_checkpoint
 
-from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative import batch
+from trtspec.speculative.drafters import DraftModelDrafter, MedusaDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.heads import MedusaHeads
 from trtspec.speculative.model import load_transformer
 from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 from trtspec.speculative.sampling import probs_from_logits
+from trtspec.speculative.tree import TreeShape, TreeVerified
 
 pytestmark = pytest.mark.slow
 
@@ -81,13 +84,14 @@ def run(target, drafter, params: SamplingParams, k: int = 3, seed: int = 0, runn
 
 
 @pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
-@pytest.mark.parametrize("mode", ["draft-target", "mtp", "ngram"])
+@pytest.mark.parametrize("mode", ["draft-target", "mtp", "ngram", "medusa"])
 def test_speculative_samples_follow_the_target_exactly(models, mode, params):
     target, draft = models
     drafter = {
         "draft-target": lambda: DraftModelDrafter(draft),
         "mtp": lambda: MTPDrafter(target),
         "ngram": lambda: NgramDrafter(),
+        "medusa": lambda: MedusaDrafter(medusa_heads(target)),
     }[mode]()
     samples, acceptance = run(target, drafter, params)
     stat, p = chi_square(samples, exact_joint(target, params))
@@ -117,6 +121,64 @@ def test_broken_argmax_draft_with_softmax_q_fails_by_a_wide_margin(models):
     samples, _ = run(target, ArgmaxDraftSoftmaxQ(draft), T1)
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
+
+
+TREE = TreeShape(3, 2)
+
+
+def medusa_heads(target) -> MedusaHeads:
+    torch.manual_seed(13)
+    return MedusaHeads(3, 1, target.dims.hidden_size, V).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
+@pytest.mark.parametrize("mode", ["draft-target", "ngram", "medusa"])
+def test_tree_samples_follow_the_target_exactly(models, mode, params):
+    """Multi-candidate verification of a token tree (SpecInfer's rule with deterministic candidates)."""
+    target, draft = models
+    drafter = {
+        "draft-target": lambda: DraftModelDrafter(draft),
+        "ngram": NgramDrafter,
+        "medusa": lambda: MedusaDrafter(medusa_heads(target)),
+    }[mode]()
+    samples, acceptance = run(target, drafter, params, tree=TREE)
+    stat, p = chi_square(samples, exact_joint(target, params))
+    assert 0.02 < acceptance < 0.98, "both accepts and rejects must occur for the test to mean anything"
+    assert p > ALPHA, f"{mode} tree: chi2 {stat:.1f}, p {p:.2e}"
+
+
+def typical_acceptance(tree, logits, sampling, threshold: float = 0.25) -> TreeVerified:
+    """BROKEN on purpose: Medusa's typical acceptance, descending into the likeliest child whenever the
+    target gives it at least `threshold`, without a draw. Fast, and not the target's distribution."""
+    b, depth = tree.tokens.shape[0], tree.max_depth
+    rows = torch.arange(b)
+    current = torch.full((b,), -1, dtype=torch.long)
+    alive = torch.ones(b, dtype=torch.bool)
+    accepted = torch.zeros(b, dtype=torch.long)
+    path = torch.full((b, depth), -1, dtype=torch.long)
+    tokens = torch.full((b, depth + 1), -1, dtype=torch.long)
+    for level in range(depth + 1):
+        p = sampling.probs(logits[rows, current + 1])
+        x = torch.multinomial(p, 1).squeeze(-1)
+        p_child = p.gather(1, tree.tokens).masked_fill(~(tree.valid & (tree.parents == current[:, None])), -1.0)
+        best, child = p_child.max(1)
+        take = alive & (best >= threshold) if level < depth else torch.zeros_like(alive)
+        tokens[rows, accepted] = torch.where(alive & ~take, x, tokens[rows, accepted])
+        if level < depth:
+            tokens[:, level] = torch.where(take, tree.tokens[rows, child], tokens[:, level])
+            path[:, level] = torch.where(take, child, path[:, level])
+            current = torch.where(take, child, current)
+            accepted += take.long()
+        alive = take
+    return TreeVerified(tokens, accepted, path)
+
+
+def test_typical_acceptance_on_a_tree_fails_by_a_wide_margin(models, monkeypatch):
+    target, draft = models
+    monkeypatch.setattr(batch, "verify_tree", typical_acceptance)
+    samples, _ = run(target, DraftModelDrafter(draft), T1, tree=TREE)
+    stat, p = chi_square(samples, exact_joint(target, T1))
+    assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken tree verifier"
 
 
 @torch.inference_mode()

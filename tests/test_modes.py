@@ -226,7 +226,7 @@ def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, 
     mode = get_mode(name)
     row = mode.row(backend)
     if backend == "torch":
-        target, draft = "embedded:tiny-target", "embedded:tiny-draft"
+        target, draft = "embedded:tiny-target", "embedded:tiny-medusa" if mode.draft_head else "embedded:tiny-draft"
     else:
         arch = next((a for a in (row.architectures or ("LlamaForCausalLM",)) if a in HUB_IDS), None)
         assert arch is not None, f"add a hub id for one of {row.architectures} to HUB_IDS"
@@ -240,8 +240,11 @@ def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, 
         res = runner.invoke(cli, ["check", "walk.yaml"])
         assert res.exit_code == 0, res.output
         res = runner.invoke(cli, ["build", "walk.yaml", "--dry-run"])
-        assert res.exit_code == 0 and f"mode {name}" in res.output, res.output
-        assert ("draft (would build)" in res.output) == mode.needs_draft
+        if not mode.torch_deploys:
+            assert res.exit_code != 0 and "is not built or served on backend torch" in res.output, res.output
+        else:
+            assert res.exit_code == 0 and f"mode {name}" in res.output, res.output
+            assert ("draft (would build)" in res.output) == mode.draft_engine
         assert not mode.speculates() or _overridden(mode, "drafter"), f"{name} has no torch drafter"
     else:
         res = runner.invoke(cli, ["build", "walk.yaml", "--emit-script", "build.sh"])

@@ -131,6 +131,14 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
     )
     assert set(plan["best_by_batch"]) == {"1", "2", "4"}
     assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # every method the pair supports, measured: the configured draft model, n-gram, and the target's MTP layers
+    rows = {r["method"]: r for r in plan["methods"]["rows"]}
+    assert {"draft-target K=1", "draft-target tree 3x3", "ngram K=2", "ngram tree 2x2", "mtp K=1"} <= set(rows)
+    assert not any(r["mode"] == "mtp" and r["tree"] for r in rows.values())  # MTP drafts chains only
+    assert all(1.0 <= r["tokens_per_step"] <= 1 + (4 if r["tree"] else r["k"]) for r in rows.values())
+    assert all(set(r["predicted_speedup"]) == {"1", "2", "4"} for r in rows.values())
+    best = max(rows.values(), key=lambda r: r["predicted_speedup"]["1"])
+    assert plan["recommended_method"] == best
 
 
 def test_plan_refuses_baseline_and_hub_ids(runner, tmp_path):

@@ -9,7 +9,8 @@ import torch
 from tiny_models import make_checkpoint
 
 from trtspec.speculative.batch import Sequence
-from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.drafters import DraftModelDrafter, MedusaDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.heads import WEIGHTS, MedusaHeads, load_heads
 from trtspec.speculative.model import load_transformer
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
@@ -133,3 +134,74 @@ def test_mtp_drafts_chains_only(tmp_path):
     target = load_transformer(make_checkpoint(tmp_path / "m", vocab=50, hidden=32, layers=1, heads=4, mtp_layers=1))
     with pytest.raises(ValueError, match="MTPDrafter drafts chains only"):
         SpeculativeRunner(target, MTPDrafter(target), tree=TreeShape(2, 2)).engine(1)
+
+
+@pytest.fixture(scope="module")
+def medusa(pair, tmp_path_factory):
+    """Random Medusa heads for the tiny target, saved and loaded in TensorRT-LLM's converter layout."""
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("heads") / "medusa"
+    MedusaHeads(3, 1, pair[0].dims.hidden_size, pair[0].dims.vocab_size).save(folder)
+    return load_heads(folder)
+
+
+def test_medusa_heads_round_trip_in_the_converters_layout(medusa, tmp_path):
+    from safetensors.torch import load_file
+
+    medusa.save(tmp_path / "h")
+    names = set(load_file(str(tmp_path / "h" / WEIGHTS)))
+    # examples/medusa/convert_checkpoint.py (load_medusa_hf) reads exactly these per head
+    assert names == {f"{h}.{k}" for h in range(3) for k in ("0.linear.weight", "0.linear.bias", "1.weight")}
+    again = load_heads(tmp_path / "h")
+    x = torch.randn(2, medusa.config()["hidden_size"])
+    assert torch.allclose(again(x), medusa(x), atol=1e-2)  # saved as bf16
+
+
+@pytest.mark.parametrize("shape", [None, "3x1", "3x3", "5x2"])
+def test_medusa_greedy_decoding_is_plain_decoding(pair, plain, medusa, shape):
+    target, _ = pair
+    tree = TreeShape.parse(shape) if shape else None
+    runner = SpeculativeRunner(target, MedusaDrafter(medusa), num_draft_tokens=5, tree=tree)
+    together = runner.generate(PROMPTS, GREEDY)
+    assert [g.tokens for g in together] == [g.tokens for g in plain]
+    alone = runner.generate([PROMPTS[2]], GREEDY)[0]
+    assert alone.tokens == plain[2].tokens
+    # never more drafts per step than heads, whatever K or depth asks
+    assert max(s.drafted for g in together for s in g.stats.step_log) <= 3
+
+
+def test_medusa_reads_the_state_of_the_last_verified_position(pair):
+    """After tree steps (whose accepted states are moved into place) the heads read, at n - 2, exactly the
+    state a fresh forward over the committed tokens gives."""
+    target, _ = pair
+    seen = []
+    heads = MedusaHeads(1, 1, target.dims.hidden_size, target.dims.vocab_size)
+    drafter = MedusaDrafter(heads)
+    original = drafter._logp
+
+    def spy(state, slots):
+        n = int(state.lengths[slots.index[0]])
+        seen.append((state.tokens[slots.index[0], :n].tolist(), state.target_hidden[slots.index[0], n - 2].clone()))
+        return original(state, slots)
+
+    drafter._logp = spy
+    SpeculativeRunner(target, drafter, num_draft_tokens=1, tree=TreeShape(1, 2)).generate([PROMPTS[0]], GREEDY)
+    for tokens, hidden in seen[:6]:
+        seq = torch.tensor([tokens[:-1]])
+        fresh = target(seq, torch.arange(seq.shape[1])[None], target.new_cache(1, 64)).hidden[0, -1]
+        assert torch.allclose(hidden, fresh, atol=1e-5)
+
+
+def test_bad_heads_are_refused_in_one_line(pair, medusa, tmp_path):
+    from trtspec.errors import UsageError
+    from trtspec.modes import get_mode
+
+    with pytest.raises(UsageError, match=r"no config\.json"):
+        load_heads(tmp_path)
+    medusa.save(tmp_path / "h")
+    (tmp_path / "h" / WEIGHTS).write_bytes(b"not safetensors")
+    with pytest.raises(UsageError, match="corrupt"):
+        load_heads(tmp_path / "h")
+    MedusaHeads(2, 1, 16, 50).save(tmp_path / "small")
+    with pytest.raises(UsageError, match="heads for another model"):
+        get_mode("medusa").drafter(pair[0], load_heads(tmp_path / "small"), {})

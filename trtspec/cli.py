@@ -249,6 +249,20 @@ def plan(
             else f"pays at every batch size up to {cfg.build.max_batch_size}"
         )
     )
+    if result.get("methods"):
+        methods = Table(title="methods on these prompts (torch runner; speedup predicted per batch size)")
+        methods.add_column("method")
+        methods.add_column("tokens/pass")
+        for b in result["best_by_batch"]:
+            methods.add_column(f"batch {b}")
+        for row in sorted(result["methods"]["rows"], key=lambda r: -r["predicted_speedup"]["1"]):
+            speedups = [f"{row['predicted_speedup'][b]:.2f}x" for b in result["best_by_batch"]]
+            methods.add_row(row["method"], f"{row['tokens_per_step']:.2f}", *speedups)
+        console.print(methods)
+        best = result["recommended_method"]
+        console.print(
+            f"recommended method: {best['method']} (predicted {best['predicted_speedup']['1']:.2f}x at batch 1)"
+        )
     console.print(f"wrote {out / 'plan.json'} and {out / 'plan.png'}")
 
 

@@ -21,6 +21,7 @@ from trtspec.config_types import INT32_MAX, Float, Fraction, Int, Port, Positive
 from trtspec.config_types import Section as _Section
 from trtspec.errors import ConfigError, shorten
 from trtspec.modes import BACKENDS, MODE_NAMES, MODES, REGISTRY, get_mode
+from trtspec.speculative.requests import TreeShape
 from trtspec.versions import DEFAULT_TRTLLM_VERSION, TRTLLM_CONTAINERS, at_least, minor
 
 MAX_DRAFT_TOKENS = 16
@@ -38,6 +39,10 @@ def _dns_label(value: str) -> str:
     if len(value) > 63 or not _DNS_LABEL.match(value):
         raise ValueError(f"must be a DNS-1123 label (lowercase letters, digits and '-', at most 63), got {value!r}")
     return value
+
+
+def _tree_shape(value: str) -> str:
+    return str(TreeShape.parse(value))
 
 
 def _trtllm_version(value: str) -> str:
@@ -79,6 +84,10 @@ class SpeculationSection(_Section):
     max_concurrency: PositiveInt | None = Field(
         default=None,
         description="no speculation above this many running requests (TensorRT-LLM 1.2+ pytorch backend, and torch)",
+    )
+    tree: Annotated[str, AfterValidator(_tree_shape)] | None = Field(
+        default=None,
+        description="torch backend: verify a token tree DEPTHxWIDTH (e.g. 4x3) per step instead of a chain of K",
     )
     sampling: SamplingSection = SamplingSection()
 
@@ -324,6 +333,9 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
             )
         )
     errors += spec.validate(cfg)
+    if cfg.speculation.tree is not None and (backend != "torch" or not spec.runner_trees):
+        where = "the torch backend" if backend != "torch" else f"a mode whose drafter proposes trees, not {mode}"
+        errors.append(("speculation.tree", f"token trees run on {where}; remove it"))
     if backend == "torch" and flavour == "engine" and spec.speculates() and spec.torch_engine_mode is None:
         errors.append(
             (

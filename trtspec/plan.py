@@ -1,4 +1,5 @@
-"""`trtspec plan`: measured acceptance on the user's prompts -> the K to build and the speedup to expect.
+"""`trtspec plan`: measured acceptance on the user's prompts -> the K to build and the speedup to expect,
+and on the torch backend which method pays most (trtspec.methods: every chain and tree the pair supports).
 
 Acceptance per position and per category comes from running the drafter against the target with
 the torch runner. Costs come from this machine (torch backend: the runner's whole decoding step
@@ -23,6 +24,7 @@ from trtspec.checkpoints.inspect import read_checkpoint
 from trtspec.checkpoints.memory import model_memory
 from trtspec.config import DeploymentConfig
 from trtspec.errors import UsageError
+from trtspec.methods import compare_methods
 from trtspec.modes import get_mode
 from trtspec.prompts import Prompt
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
@@ -274,7 +276,12 @@ def run_plan(
         calibration = [tokenizer(p.text).input_ids[-max_prompt_tokens:] for p in prompts[:CALIBRATION_PROMPTS]]
         costs = local_costs(runner, plain, acc, calibration, batches, min(max_tokens, 64), sampling)
         where = "measured on this machine (torch runner)"
+        ids = [tokenizer(p.text).input_ids[-max_prompt_tokens:] for p in prompts]
+        methods = compare_methods(
+            cfg, target_path, draft_path, runner.target, ids, min(max_tokens, 64), sampling, batches
+        )
     else:
+        methods = None  # measured methods are the torch runner's: a GPU deployment plans its configured mode
         gpu = gpu or next((n for n, g in GPUS.items() if g["memory_gb"] == cfg.build.gpu_memory_gb), "h100")
         costs = gpu_costs(cfg, gpu, acc.probe_k, batches, context=cfg.build.max_input_len)
         where = f"estimated for {gpu} from parameter and KV bytes (memory-bandwidth roofline)"
@@ -302,6 +309,8 @@ def run_plan(
         "max_concurrency_hint": (
             prediction["stops_paying_at_batch"] // 2 if prediction["stops_paying_at_batch"] else None
         ),
+        "methods": methods,
+        "recommended_method": methods["recommended"] if methods else None,
     }
 
 

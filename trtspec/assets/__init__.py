@@ -10,4 +10,5 @@ ASSETS_DIR = Path(__file__).resolve().parent
 EMBEDDED_CHECKPOINTS = {
     "tiny-target": ASSETS_DIR / "tiny-target",
     "tiny-draft": ASSETS_DIR / "tiny-draft",
+    "tiny-medusa": ASSETS_DIR / "tiny-medusa",  # Medusa heads for tiny-target (tools/train_medusa_heads.py)
 }

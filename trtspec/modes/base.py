@@ -7,6 +7,7 @@ does the same for the whole pipeline, so adding a mode is one module here plus i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trtspec.config_types import Section
@@ -63,6 +64,10 @@ class SpecMode:
     engine_streams: ClassVar[bool] = True  # the engine flavour can stream it (the BLS loop cannot)
     llm_api_extra: ClassVar[dict[str, Any]] = {}  # LLM API options the mode sets besides speculative_config
     default_k: ClassVar[int | None] = 4  # what `trtspec init` writes (None: the mode's settings fix K)
+    torch_deploys: ClassVar[bool] = (
+        True  # `trtspec build` makes a torch engine of it (else runner only: generate, plan, bench)
+    )
+    runner_trees: ClassVar[bool] = False  # the torch runner's drafter also proposes token trees (speculation.tree)
 
     def settings(self, cfg: DeploymentConfig) -> Any:
         """The mode's section as configured, or its defaults."""
@@ -130,6 +135,12 @@ class SpecMode:
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         """The torch runner's drafter (None: plain decoding); `settings` are the mode's section's fields."""
         return None
+
+    def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:
+        """The draft checkpoint as the torch runner holds it (a model; heads override)."""
+        from trtspec.speculative.model import load_transformer
+
+        return load_transformer(path, dtype=dtype, device=device, max_len=max_len)
 
     def served_draft_len(self, spec: dict[str, Any]) -> int:
         """K as a served model.yaml's speculative_config gives it."""

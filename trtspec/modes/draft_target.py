@@ -54,6 +54,7 @@ class DraftTarget(SpecMode):
     torch_engine_mode: ClassVar[str | None] = "draft_tokens_external"
     engine_streams: ClassVar[bool] = False
     llm_api_extra: ClassVar[dict[str, Any]] = {"disable_overlap_scheduler": True}  # two-model speculation does
+    runner_trees: ClassVar[bool] = True
 
     def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
         return max(k, MAX_DRAFT_LEN_HEADROOM)

@@ -15,12 +15,13 @@ pytorch-backend config. The engine path ends with 1.2.x.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import Field
 
 from trtspec.config_types import Int, PositiveInt, Section
-from trtspec.families import MEDUSA_FAMILIES
+from trtspec.families import MEDUSA_FAMILIES, TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import engine_minors
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from trtspec.checkpoints.inspect import CheckpointInfo
     from trtspec.config import DeploymentConfig, ModelSection
     from trtspec.families import Family
+    from trtspec.speculative.drafters import Drafter
+    from trtspec.speculative.model import Transformer
 
 MEDUSA_FOLDER = "medusa"  # examples/medusa/convert_checkpoint.py
 DEFAULT_TOKEN_LEN = 63  # convert_checkpoint.py --max_medusa_token_len's default: the tree's nodes
@@ -62,7 +65,14 @@ class Medusa(SpecMode):
             note="target + heads converted by examples/medusa, built with speculative_decoding_mode medusa",
         ),
         Support("medusa", "pytorch", (), None, (), note="does not exist: MedusaDecodingConfig is engines only"),
-        Support("medusa", "torch", (), None, (), note="not in trtspec's runner yet (the runner issue after #22)"),
+        Support(
+            "medusa",
+            "torch",
+            None,
+            None,
+            TORCH_RUNNER_FAMILIES,
+            note="trtspec runner only (generate, plan, bench): each head's argmax as a chain, or a tree (speculation.tree)",
+        ),
     )
     needs_draft: ClassVar[bool] = True  # the heads checkpoint
     draft_head: ClassVar[bool] = True
@@ -73,14 +83,35 @@ class Medusa(SpecMode):
     engine_mode: ClassVar[str | None] = "medusa"
     build_sets_max_draft_len: ClassVar[bool] = False
     default_k: ClassVar[int | None] = None
+    runner_trees: ClassVar[bool] = True
+    torch_deploys: ClassVar[bool] = False  # the torch engine and its served models carry no heads yet
 
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
+        if cfg.build.backend == "torch":  # the runner drafts one token per head, or speculation.tree's nodes
+            return None
         return self.settings(cfg).max_token_len  # the tree's nodes; speculation.num_draft_tokens does not apply
+
+    def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:
+        from trtspec.speculative.heads import load_heads
+
+        return load_heads(path, dtype=dtype, device=device)
+
+    def drafter(self, target: Transformer, draft: Any, settings: dict[str, Any]) -> Drafter | None:
+        from trtspec.errors import UsageError
+        from trtspec.speculative.drafters import MedusaDrafter
+
+        cfg = draft.config()
+        if (cfg["hidden_size"], cfg["vocab_size"]) != (target.dims.hidden_size, target.dims.vocab_size):
+            raise UsageError(
+                f"the Medusa heads read hidden size {cfg['hidden_size']} and write vocabulary {cfg['vocab_size']}; "
+                f"the target has {target.dims.hidden_size} and {target.dims.vocab_size}: heads for another model"
+            )
+        return MedusaDrafter(draft)
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         errors = []
         s = self.settings(cfg)
-        if "num_draft_tokens" in cfg.speculation.model_fields_set:
+        if "num_draft_tokens" in cfg.speculation.model_fields_set and cfg.build.backend != "torch":
             errors.append(("speculation.num_draft_tokens", "Medusa's drafts are its tree (medusa.choices); remove it"))
         for field, section in (("target", cfg.target), ("draft", cfg.draft)):
             if section is not None and section.quantization != "none":

@@ -64,6 +64,7 @@ class NGram(SpecMode):
     decoding_types: ClassVar[tuple[str, ...]] = ("NGram",)
     served_settings: ClassVar[tuple[str, ...]] = ("max_matching_ngram_size",)
     llm_api_extra: ClassVar[dict[str, Any]] = {"disable_overlap_scheduler": True}  # as NVIDIA's example sets
+    runner_trees: ClassVar[bool] = True
     default_k: ClassVar[int | None] = 3
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:

@@ -420,6 +420,12 @@ class BatchEngine:
         out = self.target(torch.cat([root, tree.tokens], 1), positions, self.cache, slots=slots, tree=attention)
         result = verify_tree(tree, out.logits, sampling)
         compact(self.cache, slots, old, result.path, result.num_accepted)
+        if self.needs_hidden:  # the root's and the accepted path's states, at the positions they now hold
+            m, rows = result.num_accepted, torch.arange(len(seqs), device=self.device)
+            self.state.target_hidden[idx, old - 1] = out.hidden[:, 0]
+            for j in range(result.path.shape[1]):
+                take = (m > j).nonzero().squeeze(1)
+                self.state.target_hidden[idx[take], old[take] + j] = out.hidden[rows[take], 1 + result.path[take, j]]
         t2 = time.perf_counter()
         m, depth = result.num_accepted, self.tree.depth
         # per depth: rows whose tree reached it, and rows that accepted that deep

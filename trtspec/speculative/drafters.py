@@ -169,37 +169,21 @@ class DraftModelDrafter(Drafter):
     def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
         """EAGLE-2's dynamic tree: expand the kept nodes of a level by their top candidates, keep the
         `width` with the highest cumulative draft log-probability. One draft pass per level, as a chain."""
-        from trtspec.speculative.tree import TokenTree, ancestors, tree_attention
+        from trtspec.speculative.tree import ancestors, tree_attention
 
         n = state.lengths[slots.index]
         b, w = len(n), shape.width
-        device = n.device
-        logp = self._catch_up(state, slots).log_softmax(-1)  # [B, V]
-        score, tokens = logp.topk(w, -1)  # the root's children
-        parents = torch.full((b, w), -1, dtype=torch.long, device=device)
-        all_tokens, all_parents, all_scores = [tokens], [parents], [score]
+        score, first = self._catch_up(state, slots).log_softmax(-1).topk(w, -1)  # the root's children
+        tokens, scores = [first], [score]
+        parents = [torch.full((b, w), -1, dtype=torch.long, device=n.device)]
         for level in range(1, shape.depth):
-            so_far = torch.cat(all_parents, 1)
-            anc = ancestors(so_far)
-            frontier = slice(so_far.shape[1] - w, so_far.shape[1])
+            so_far = torch.cat(parents, 1)
+            frontier = torch.arange(so_far.shape[1] - w, so_far.shape[1], device=n.device)
             rope = (n - 1 + level)[:, None].expand(b, w)
-            attention = tree_attention(n, n, anc[:, frontier], rope)
-            out = self.model(
-                all_tokens[-1],
-                n[:, None] + torch.arange(frontier.start, frontier.stop),
-                self.cache,
-                slots=slots,
-                tree=attention,
-            )
-            cand = all_scores[-1][:, :, None] + out.logits.log_softmax(-1).topk(w, -1).values  # [B, w, w]
-            cand_tokens = out.logits.topk(w, -1).indices
-            score, best = cand.reshape(b, w * w).topk(w, -1)
-            all_tokens.append(cand_tokens.reshape(b, w * w).gather(1, best))
-            all_parents.append(frontier.start + best // w)
-            all_scores.append(score)
-        parents = torch.cat(all_parents, 1)
-        depths = torch.arange(1, shape.depth + 1, device=device).repeat_interleave(w)[None, :].expand(b, -1)
-        return TokenTree(torch.cat(all_tokens, 1), parents, depths, torch.ones_like(parents, dtype=torch.bool))
+            attention = tree_attention(n, n, ancestors(so_far)[:, frontier], rope)
+            out = self.model(tokens[-1], n[:, None] + frontier, self.cache, slots=slots, tree=attention)
+            _prune(scores, tokens, parents, out.logits.log_softmax(-1), w)
+        return _tree(tokens, parents, shape)
 
     def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots) -> None:
         # the tree's slots hold branches, not the sequence: keep the committed part, re-feed the rest
@@ -285,6 +269,78 @@ class MTPDrafter(Drafter):
         # depth l is exact where its token index stays within the sequence committed when it ran
         for depth in range(self.depths):
             self.valid[depth, slots.index] = (old_lengths - 1 - depth).clamp_min(0)
+
+
+def _prune(scores: list[torch.Tensor], tokens: list[torch.Tensor], parents: list[torch.Tensor], logp, width: int):
+    """Append the next level: each kept node of the last level times its top children, best `width` kept."""
+    b = logp.shape[0]
+    top, top_tokens = logp.topk(width, -1)  # [B, w, w]: per frontier node
+    cand = scores[-1][:, :, None] + top
+    score, best = cand.reshape(b, -1).topk(width, -1)
+    start = sum(t.shape[1] for t in tokens) - width
+    tokens.append(top_tokens.reshape(b, -1).gather(1, best))
+    parents.append(start + best // width)
+    scores.append(score)
+
+
+class MedusaDrafter(Drafter):
+    """Medusa heads (trtspec.speculative.heads) on the target's hidden state at the last verified position.
+
+    With n tokens committed, the target last verified position n-2 (it produced token n-1), so head j
+    drafts token n + j: every draft of a step from one small matmul per head, no model pass. Chains take
+    each head's argmax (one-hot q); trees each head's top candidates, pruned by cumulative score.
+    """
+
+    needs_target_hidden = True
+    proposes_trees = True
+
+    def __init__(self, heads) -> None:
+        self.heads = heads
+
+    def start(self, state: BatchState, capacity: int) -> None:
+        pass
+
+    def _logp(self, state: BatchState, slots: Slots) -> torch.Tensor:
+        idx = slots.index
+        hidden = state.target_hidden[idx, state.lengths[idx] - 2]
+        return self.heads(hidden).log_softmax(-1)  # [B, H, V]
+
+    def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
+        logp = self._logp(state, slots)
+        b, heads = logp.shape[0], logp.shape[1]
+        tokens = torch.zeros(b, k, dtype=torch.long, device=logp.device)
+        used = min(k, heads)
+        tokens[:, :used] = logp[:, :used].argmax(-1)
+        return Proposal(tokens, None, torch.full((b,), used, device=logp.device))
+
+    def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
+        logp = self._logp(state, slots)
+        b, w, depth = logp.shape[0], shape.width, min(shape.depth, logp.shape[1])
+        score, first = logp[:, 0].topk(w, -1)
+        tokens, scores = [first], [score]
+        parents = [torch.full((b, w), -1, dtype=torch.long, device=logp.device)]
+        for level in range(1, depth):
+            _prune(scores, tokens, parents, logp[:, level, None, :].expand(b, w, -1), w)
+        return _tree(tokens, parents, shape)
+
+
+def _tree(tokens: list[torch.Tensor], parents: list[torch.Tensor], shape: TreeShape) -> TokenTree:
+    """Levels of `shape.width` nodes as one tree, padded with invalid nodes to the shape's node count."""
+    from trtspec.speculative.tree import TokenTree
+
+    b, w = tokens[0].shape
+    levels = len(tokens)
+    depths = torch.arange(1, levels + 1, device=tokens[0].device).repeat_interleave(w)[None, :].expand(b, -1)
+    pad = shape.nodes - levels * w
+    valid = torch.ones(b, levels * w, dtype=torch.bool, device=tokens[0].device)
+    parts = [torch.cat(tokens, 1), torch.cat(parents, 1), depths, valid]
+    if pad:
+        fill = [0, -1, 1, False]
+        parts = [
+            torch.cat([p, torch.full((b, pad), f, dtype=p.dtype, device=p.device)], 1)
+            for p, f in zip(parts, fill, strict=True)
+        ]
+    return TokenTree(*parts)
 
 
 class NgramDrafter(Drafter):

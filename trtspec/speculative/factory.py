@@ -12,6 +12,7 @@ from trtspec.modes import REGISTRY, RUNNER_MODES, SpecMode
 from trtspec.speculative.model import Transformer, load_transformer
 from trtspec.speculative.planted import planted_from_env, planted_verify
 from trtspec.speculative.runner import SpeculativeRunner
+from trtspec.speculative.tree import TreeShape
 
 if TYPE_CHECKING:
     from trtspec.config import DeploymentConfig
@@ -59,9 +60,10 @@ def load_runner(
     target: Transformer | None = None,
     planted: str | None = None,
     settings: dict[str, Any] | None = None,
+    tree: TreeShape | None = None,
 ) -> SpeculativeRunner:
     """A runner for `mode`; pass `target` to share one loaded target between several runners, and
-    `settings` for the mode's own (its config section's fields).
+    `settings` for the mode's own (its config section's fields), `tree` for token trees.
 
     `planted` names a wrong verification rule (trtspec.speculative.planted) for checking the
     lossless check; without it the environment's TRTSPEC_PLANTED_BUG decides, normally unset."""
@@ -71,13 +73,17 @@ def load_runner(
     if spec.needs_draft:
         if draft_path is None:
             raise UsageError(f"mode {mode} needs a draft checkpoint")
-        draft = load_transformer(draft_path, dtype=dtype, device=device, max_len=max_len)
+        draft = spec.load_draft(draft_path, dtype, device, max_len)
     try:
         drafter = spec.drafter(target, draft, {"num_nextn_predict_layers": mtp_layers, **(settings or {})})
     except UsageError as exc:
         raise UsageError(f"{target_path}: {exc}") from None
+    if tree is not None and not spec.runner_trees:
+        raise UsageError(f"mode {mode} drafts chains only in the torch runner: no speculation.tree")
     verify_fn = planted_verify(planted) if planted else planted_from_env()
-    return SpeculativeRunner(target, drafter, num_draft_tokens=num_draft_tokens, max_len=max_len, verify_fn=verify_fn)
+    return SpeculativeRunner(
+        target, drafter, num_draft_tokens=num_draft_tokens, max_len=max_len, verify_fn=verify_fn, tree=tree
+    )
 
 
 def runner_for(
@@ -115,4 +121,5 @@ def runner_for(
         target=target,
         planted=planted,
         settings=mode_settings(cfg, mode),
+        tree=TreeShape.parse(cfg.speculation.tree) if cfg.speculation.tree and spec.runner_trees else None,
     )

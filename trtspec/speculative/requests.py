@@ -5,6 +5,7 @@ No torch here: the BLS model, which only relays requests, imports these without 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -26,6 +27,29 @@ class GenerationParams:
     stop_token_ids: frozenset[int] = frozenset()
     seed: int | None = None
     num_draft_tokens: int | None = None  # default: the runner's
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A tree `depth` levels deep keeping the `width` best nodes per level (EAGLE-2's pruning by draft score)."""
+
+    depth: int
+    width: int
+
+    @property
+    def nodes(self) -> int:
+        return self.depth * self.width
+
+    def __str__(self) -> str:
+        return f"{self.depth}x{self.width}"
+
+    @staticmethod
+    def parse(text: str) -> TreeShape:
+        """'4x3': 4 levels, 3 nodes kept per level."""
+        match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
+        if not match or int(match[1]) < 1 or int(match[2]) < 1:
+            raise ValueError(f"tree shape must be DEPTHxWIDTH with both >= 1 (e.g. 4x3), got {text!r}")
+        return TreeShape(int(match[1]), int(match[2]))
 
 
 def positions_needed(prompt_tokens: int, max_tokens: int, draft_slots: int) -> int:

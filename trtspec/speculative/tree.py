@@ -17,39 +17,18 @@ their positions occupy, so the cache is again one committed sequence.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from trtspec.speculative.model import KVCache, Slots, TreeAttention
+from trtspec.speculative.requests import TreeShape
+
+__all__ = ["TokenTree", "TreeShape", "TreeVerified", "ancestors", "compact", "verify_tree"]
 
 if TYPE_CHECKING:
     from trtspec.speculative.batch import RowSampling
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """A tree `depth` levels deep keeping the `width` best nodes per level (EAGLE-2's pruning by draft score)."""
-
-    depth: int
-    width: int
-
-    @property
-    def nodes(self) -> int:
-        return self.depth * self.width
-
-    def __str__(self) -> str:
-        return f"{self.depth}x{self.width}"
-
-    @staticmethod
-    def parse(text: str) -> TreeShape:
-        """'4x3': 4 levels, 3 nodes kept per level."""
-        match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
-        if not match or int(match[1]) < 1 or int(match[2]) < 1:
-            raise ValueError(f"tree shape must be DEPTHxWIDTH with both >= 1 (e.g. 4x3), got {text!r}")
-        return TreeShape(int(match[1]), int(match[2]))
 
 
 @dataclass
