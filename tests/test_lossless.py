@@ -147,7 +147,7 @@ def test_tree_samples_follow_the_target_exactly(models, mode, params):
     assert p > ALPHA, f"{mode} tree: chi2 {stat:.1f}, p {p:.2e}"
 
 
-def typical_acceptance(tree, logits, sampling, threshold: float = 0.25) -> TreeVerified:
+def typical_acceptance(tree, logits, sampling, depth=None, threshold: float = 0.25) -> TreeVerified:
     """BROKEN on purpose: Medusa's typical acceptance, descending into the likeliest child whenever the
     target gives it at least `threshold`, without a draw. Fast, and not the target's distribution."""
     b, depth = tree.tokens.shape[0], tree.max_depth

@@ -121,6 +121,26 @@ def test_sampled_tree_decoding_is_reproducible_and_counts_positions(pair):
         assert g.stats.accepted_per_position[0] <= g.stats.drafted_per_position[0] == g.stats.steps
 
 
+def test_a_seeded_request_samples_the_same_tokens_whatever_shares_its_batch(pair):
+    """Each sampled row draws a fixed number of times per step, not until the whole batch stopped (here a
+    greedy row beside it accepts every level of the perfect drafter's tree)."""
+    target, _ = pair
+    runner = SpeculativeRunner(target, DraftModelDrafter(target), tree=TreeShape(3, 2))
+    engine = runner.engine(slots=2, capacity=64)
+    hot = GenerationParams(max_tokens=20, sampling=SamplingParams(temperature=1.0), seed=7)
+    alone = Sequence(PROMPTS[2], hot)
+    engine.add(alone)
+    while engine.has_work():
+        engine.step()
+    engine = runner.engine(slots=2, capacity=64)
+    beside, other = Sequence(PROMPTS[2], hot), Sequence(PROMPTS[0], GenerationParams(max_tokens=20, seed=99))
+    engine.add(other)
+    engine.add(beside)
+    while engine.has_work():
+        engine.step()
+    assert beside.result.tokens == alone.result.tokens
+
+
 def test_chain_only_drafters_and_given_drafts_are_refused(pair):
     target, _ = pair
     with pytest.raises(ValueError, match="chains only"):
@@ -155,6 +175,35 @@ def test_medusa_heads_round_trip_in_the_converters_layout(medusa, tmp_path):
     again = load_heads(tmp_path / "h")
     x = torch.randn(2, medusa.config()["hidden_size"])
     assert torch.allclose(again(x), medusa(x), atol=1e-2)  # saved as bf16
+
+
+def test_tied_heads_store_no_output_matrices_and_take_the_targets(pair, tmp_path):
+    from safetensors.torch import load_file
+
+    from trtspec.modes import get_mode
+
+    target, _ = pair
+    heads = MedusaHeads(2, 1, target.dims.hidden_size, target.dims.vocab_size)
+    heads.tie(target.lm_head.weight)
+    heads.save(tmp_path / "t", tied=True)
+    assert set(load_file(str(tmp_path / "t" / WEIGHTS))) == {
+        f"{h}.0.linear.{p}" for h in range(2) for p in ("weight", "bias")
+    }
+    loaded = load_heads(tmp_path / "t")
+    assert loaded.tied
+    drafter = get_mode("medusa").drafter(target, loaded, {})
+    x = torch.randn(3, target.dims.hidden_size)
+    assert torch.allclose(drafter.heads(x), heads(x), atol=1e-2)
+    assert drafter.heads.heads[1][-1].weight.data_ptr() == target.lm_head.weight.data_ptr()
+
+
+def test_shipped_assets_stay_within_the_size_budget():
+    """38 MB for everything under trtspec/assets (the model card's budget), the Medusa heads included."""
+    from trtspec.assets import ASSETS_DIR, EMBEDDED_CHECKPOINTS
+
+    shipped = [p for p in ASSETS_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert (EMBEDDED_CHECKPOINTS["tiny-medusa"] / WEIGHTS) in shipped
+    assert sum(p.stat().st_size for p in shipped) < 38_000_000
 
 
 @pytest.mark.parametrize("shape", [None, "3x1", "3x3", "5x2"])

@@ -6,11 +6,13 @@ learn what the target would say rather than what the corpus says. Each head star
 residual (zero-initialised layer) followed by a copy of the target's output matrix, as Medusa initialises
 them, so it begins as "the next token again" and only learns the shift.
 
-Writes `<out>/config.json` and `<out>/medusa_lm_head.safetensors` in the layout TensorRT-LLM's
-examples/medusa/convert_checkpoint.py reads (trtspec.speculative.heads), and `<out>/training_log.json`
-with the held-out top-1 agreement of each head with the target.
+By default the output matrices stay the target's (frozen, tied) and only the residual layers train, and
+the folder stores no copies of them (trtspec.speculative.heads): that is what fits the assets' 38 MB
+budget. `--untied` trains each head's own output matrix too and writes the full layout TensorRT-LLM's
+examples/medusa/convert_checkpoint.py reads. `<out>/training_log.json` records the held-out top-1
+agreement of each head with the target.
 
-    python tools/train_medusa_heads.py --out trtspec/assets/tiny-medusa [--steps 1500]
+    python tools/train_medusa_heads.py --out trtspec/assets/tiny-medusa --heads 2   # the shipped heads
 
 The corpus is `$TRTSPEC_DATA/tinyshakespeare.txt`, split where the pair's training split ended.
 """
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, default=EMBEDDED_CHECKPOINTS["tiny-target"])
     ap.add_argument("--heads", type=int, default=4)  # TensorRT-LLM's --num_medusa_heads default
     ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--untied", action="store_true", help="train and store each head's own output matrix")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -111,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                 block.linear.weight.zero_()
                 block.linear.bias.zero_()
             head[-1].weight.copy_(target.lm_head.weight)
+    if not args.untied:
+        heads.tie(target.lm_head.weight)
     before = agreement(heads, target, val_ids, args.seq_len)
-    opt = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed)
     history = []
     for step in range(args.steps):
@@ -130,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             history.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     after = agreement(heads, target, val_ids, args.seq_len)
-    heads.save(args.out, {"base_model_name_or_path": "embedded:tiny-target", "trtspec_trained_by": SCRIPT})
+    extra = {"base_model_name_or_path": "embedded:tiny-target", "trtspec_trained_by": SCRIPT}
+    heads.save(args.out, extra, tied=not args.untied)
     record = {
         "script": SCRIPT,
         "target": "embedded:tiny-target",

@@ -92,9 +92,11 @@ class SpeculationSection(_Section):
     sampling: SamplingSection = SamplingSection()
 
     def resolved_policy(self, backend: str) -> str:
-        """fixed or adaptive: what `auto` means on `backend`."""
+        """fixed or adaptive: what `auto` means on `backend` (a tree is its own shape: fixed)."""
         if self.policy != "auto":
             return self.policy
+        if self.tree is not None:
+            return "fixed"
         return "adaptive" if backend == "torch" and get_mode(self.mode).speculates() else "fixed"
 
 
@@ -336,6 +338,10 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
     if cfg.speculation.tree is not None and (backend != "torch" or not spec.runner_trees):
         where = "the torch backend" if backend != "torch" else f"a mode whose drafter proposes trees, not {mode}"
         errors.append(("speculation.tree", f"token trees run on {where}; remove it"))
+    elif cfg.speculation.tree is not None and flavour == "engine":
+        errors.append(("speculation.tree", "the engine flavour's BLS loop verifies chains; use serve.flavour llmapi"))
+    elif cfg.speculation.tree is not None and cfg.speculation.policy == "adaptive":
+        errors.append(("speculation.policy", "adaptive chooses K for chains; a tree's shape is fixed: use fixed"))
     if backend == "torch" and flavour == "engine" and spec.speculates() and spec.torch_engine_mode is None:
         errors.append(
             (

@@ -65,15 +65,14 @@ def build_config_dict(
 ) -> dict[str, Any]:
     """The settings a sensible first deployment of this pair would use."""
     hf = _read_hf_config(target, base_dir)
-    if draft is not None:
-        _read_hf_config(draft, base_dir)
+    draft_hf = _read_hf_config(draft, base_dir) if draft is not None else {}
     context = int(hf.get("max_position_embeddings", 4096))
     max_seq_len = min(context, 8192)
     data: dict[str, Any] = {"name": name, "target": {"checkpoint": target, "dtype": "auto", "quantization": "none"}}
     spec = get_mode(mode)
     if spec.needs_draft:
         data["draft"] = {"checkpoint": draft, "dtype": "auto"}
-    data.update(spec.init_sections(target, hf))
+    data.update(spec.init_sections(target, hf, draft_hf))
     flavour = "engine" if backend == "tensorrt" else "llmapi"
     data["speculation"] = {
         "mode": mode,

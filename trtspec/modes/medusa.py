@@ -71,7 +71,7 @@ class Medusa(SpecMode):
             None,
             None,
             TORCH_RUNNER_FAMILIES,
-            note="trtspec runner only (generate, plan, bench): each head's argmax as a chain, or a tree (speculation.tree)",
+            note="trtspec runner only (generate, plan, bench): the heads' argmax chain, or a tree (speculation.tree)",
         ),
     )
     needs_draft: ClassVar[bool] = True  # the heads checkpoint
@@ -106,6 +106,8 @@ class Medusa(SpecMode):
                 f"the Medusa heads read hidden size {cfg['hidden_size']} and write vocabulary {cfg['vocab_size']}; "
                 f"the target has {target.dims.hidden_size} and {target.dims.vocab_size}: heads for another model"
             )
+        if draft.tied:
+            draft.tie(target.lm_head.weight)
         return MedusaDrafter(draft)
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
@@ -117,7 +119,7 @@ class Medusa(SpecMode):
             if section is not None and section.quantization != "none":
                 errors.append((f"{field}.quantization", "Medusa's convert takes FP16/BF16 weights only (README)"))
         deepest, nodes = (max(len(c) for c in s.choices), len(s.choices)) if s.choices else (None, None)
-        if deepest is None:  # the backend's default tree
+        if deepest is None and cfg.build.backend != "torch":  # the backend's default tree
             if s.num_heads < DEFAULT_TREE_DEPTH or s.max_token_len < DEFAULT_TREE_NODES:
                 errors.append(
                     (
@@ -126,6 +128,8 @@ class Medusa(SpecMode):
                         f"{DEFAULT_TREE_DEPTH} and max_token_len >= {DEFAULT_TREE_NODES}; set choices to fit",
                     )
                 )
+        elif cfg.build.backend == "torch":
+            errors.append(("medusa.choices", "the engine's tree; the torch runner builds its own (speculation.tree)"))
         else:
             if deepest > s.num_heads:
                 why = f"a path of depth {deepest} needs {deepest} heads, num_heads is {s.num_heads}"
@@ -166,6 +170,12 @@ class Medusa(SpecMode):
         if choices is not None:  # unset: the backend's mc_sim_7b_63
             params["medusa_choices"] = ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in choices)
         return params
+
+    def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
+        section = MedusaSection().model_dump()
+        if draft_config.get("medusa_num_heads"):  # as many heads as the checkpoint has
+            section["num_heads"] = int(draft_config["medusa_num_heads"])
+        return {self.section: section}
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report

@@ -85,6 +85,7 @@ def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
         "dtype": cfg.target.dtype,
         "sampling": _sampling(cfg),
         "policy": cfg.speculation.resolved_policy(cfg.build.backend),
+        **({"tree": cfg.speculation.tree} if cfg.speculation.tree else {}),
     }
     return llmapi.model_yaml({"model": options.pop("model"), **options}, decoupled=cfg.serve.streaming)
 

@@ -10,6 +10,7 @@ from trtspec.modes import get_mode, mode_for_decoding_type
 from trtspec.speculative.batch import BatchEngine
 from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
 from trtspec.speculative.runner import SpeculativeRunner
+from trtspec.speculative.tree import TreeShape
 
 
 def decoding_mode(options: dict[str, Any]) -> str:
@@ -41,6 +42,7 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
         dtype=resolve_dtype(local.get("dtype", "auto"), device),
         max_len=int(options.get("max_seq_len", 2048)),
         settings={f: spec[f] for f in served if f in spec},
+        tree=TreeShape.parse(local["tree"]) if local.get("tree") else None,
     )
     defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 64, "seed": None}
     defaults.update(local.get("sampling", {}))

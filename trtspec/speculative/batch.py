@@ -418,7 +418,7 @@ class BatchEngine:
         root = self.state.tokens[idx, old - 1][:, None]
         positions, attention = verification_attention(tree, old)
         out = self.target(torch.cat([root, tree.tokens], 1), positions, self.cache, slots=slots, tree=attention)
-        result = verify_tree(tree, out.logits, sampling)
+        result = verify_tree(tree, out.logits, sampling, self.tree.depth)
         compact(self.cache, slots, old, result.path, result.num_accepted)
         if self.needs_hidden:  # the root's and the accepted path's states, at the positions they now hold
             m, rows = result.num_accepted, torch.arange(len(seqs), device=self.device)

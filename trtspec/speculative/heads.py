@@ -6,6 +6,11 @@ The checkpoint is the layout TensorRT-LLM's examples/medusa/convert_checkpoint.p
 `medusa_num_layers`, plus the target's `hidden_size` and `vocab_size`) and `medusa_lm_head.safetensors`
 holding, per head h, residual layers `h.l.linear.weight` / `h.l.linear.bias` (x + SiLU(W x + b)) for
 l < medusa_num_layers and the head's own output matrix `h.{medusa_num_layers}.weight`.
+
+Heads whose output matrix is the target's own `lm_head` (Medusa's initialisation, kept frozen) may be stored
+without those copies: `config.json` then says `"trtspec_output_is_target_lm_head": true`, and the torch
+runner ties them to the target it runs with. That is how the embedded heads fit the assets' size budget;
+`MedusaHeads.save(..., tied=False)` writes the copies back for the converter.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
 
 WEIGHTS = "medusa_lm_head.safetensors"
+TIED = "trtspec_output_is_target_lm_head"
 
 
 class ResBlock(nn.Module):
@@ -43,9 +49,17 @@ class MedusaHeads(nn.Module):
             for _ in range(num_heads)
         )
 
+    tied = False  # output matrices are the target's lm_head, not stored
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., d] -> logits [..., H, V] float32."""
         return torch.stack([head(hidden) for head in self.heads], -2).float()
+
+    def tie(self, lm_head: torch.Tensor) -> None:
+        """Every head's output matrix becomes (shares) the target's."""
+        for head in self.heads:
+            head[-1].weight = nn.Parameter(lm_head, requires_grad=False)
+        self.tied = True
 
     def config(self) -> dict:
         out = self.heads[0][-1]
@@ -56,9 +70,16 @@ class MedusaHeads(nn.Module):
             "vocab_size": out.out_features,
         }
 
-    def save(self, folder: Path, extra_config: dict | None = None) -> None:
+    def save(self, folder: Path, extra_config: dict | None = None, tied: bool = False) -> None:
+        """The converter's layout; `tied` leaves out the output matrices (they are the target's lm_head)."""
         folder.mkdir(parents=True, exist_ok=True)
-        state = {f"{h}.{k}": v.detach().to(torch.bfloat16).contiguous() for h, k, v in self._named()}
+        last = f"{self.num_layers}.weight"
+        state = {
+            f"{h}.{k}": v.detach().to(torch.bfloat16).contiguous()
+            for h, k, v in self._named()
+            if not (tied and k == last)
+        }
+        extra_config = {**(extra_config or {}), **({TIED: True} if tied else {})}
         tmp = folder / (WEIGHTS + ".tmp")
         save_file(state, str(tmp))
         tmp.replace(folder / WEIGHTS)
@@ -88,7 +109,8 @@ def load_heads(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     except Exception as exc:  # safetensors raises its own error types for truncated files
         raise UsageError(f"{folder / WEIGHTS}: corrupt safetensors file: {exc}") from None
     model = MedusaHeads(heads, layers, hidden, vocab)
-    expected = {f"{h}.{k}": v.shape for h, k, v in model._named()}
+    tied = bool(cfg.get(TIED))
+    expected = {f"{h}.{k}": v.shape for h, k, v in model._named() if not (tied and k == f"{layers}.weight")}
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise UsageError(f"{folder / WEIGHTS}: missing {', '.join(missing[:3])} for {heads} heads of {layers} layers")
@@ -97,9 +119,8 @@ def load_heads(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
             raise UsageError(
                 f"{folder / WEIGHTS}: {name} has shape {list(weights[name].shape)}, config implies {list(shape)}"
             )
-    state = {}
-    for h, head in enumerate(model.heads):
-        for k in head.state_dict():
-            state[f"heads.{h}.{k}"] = weights[f"{h}.{k}"]
-    model.load_state_dict(state, strict=True)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    state = {f"heads.{name}": weights[name] for name in expected}
+    model.load_state_dict(state, strict=not tied)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.tied = tied  # the output matrices still to be tied to the target's lm_head
+    return model

@@ -90,11 +90,14 @@ class TreeVerified:
     path: torch.Tensor  # [B, D] accepted node indices; -1 after
 
 
-def verify_tree(tree: TokenTree, logits: torch.Tensor, sampling: RowSampling) -> TreeVerified:
+def verify_tree(tree: TokenTree, logits: torch.Tensor, sampling: RowSampling, depth: int | None = None) -> TreeVerified:
     """Walk down from the root: draw x from p at the current node; descend into the child whose token is
-    x, else emit x and stop. `logits` [B, 1+T, V]: the root's, then each node's."""
+    x, else emit x and stop. `logits` [B, 1+T, V]: the root's, then each node's.
+
+    Sampled rows draw `depth` + 1 times whatever happens (pass the shape's depth), so a seeded request's
+    random stream does not depend on the trees of the rows beside it."""
     b = tree.tokens.shape[0]
-    depth = tree.max_depth
+    depth = tree.max_depth if depth is None else depth
     device = logits.device
     rows = torch.arange(b, device=device)
     current = torch.full((b,), -1, dtype=torch.long, device=device)
@@ -116,7 +119,7 @@ def verify_tree(tree: TokenTree, logits: torch.Tensor, sampling: RowSampling) ->
             current = torch.where(alive_next, child, current)
             accepted += alive_next.long()
         alive = alive_next
-        if not bool(alive.any()):
+        if sampling.greedy and not bool(alive.any()):
             break
     tokens[rows, accepted] = nxt
     return TreeVerified(tokens, accepted, path)
