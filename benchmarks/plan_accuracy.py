@@ -31,7 +31,7 @@ from trtspec.methods import run_prompts
 from trtspec.modes import get_mode
 from trtspec.plan import run_plan
 from trtspec.prompts import load_prompts
-from trtspec.speculative.factory import load_runner
+from trtspec.speculative.factory import load_runner, mode_settings
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams
 from trtspec.speculative.tree import TreeShape
@@ -99,7 +99,10 @@ def measure_method(config: str, max_tokens: int, max_prompt_tokens: int = 256) -
     target_path = cfg.checkpoint_path(cfg.target)
     draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft and get_mode(best["mode"]).needs_draft else None
     max_len = max_prompt_tokens + max_tokens + 32
-    spec = load_runner(target_path, best["mode"], draft_path, num_draft_tokens=best["k"], max_len=max_len, tree=tree)
+    settings = mode_settings(cfg, best["mode"]) if best["mode"] == cfg.mode else None
+    spec = load_runner(
+        target_path, best["mode"], draft_path, num_draft_tokens=best["k"], max_len=max_len, tree=tree, settings=settings
+    )
     plain = load_runner(target_path, "none", max_len=max_len, target=spec.target)
     tokenizer = AutoTokenizer.from_pretrained(str(target_path))
     ids = [tokenizer(p.text).input_ids[-max_prompt_tokens:] for p in unseen]

@@ -190,7 +190,9 @@ def test_tied_heads_store_no_output_matrices_and_take_the_targets(pair, tmp_path
         f"{h}.0.linear.{p}" for h in range(2) for p in ("weight", "bias")
     }
     loaded = load_heads(tmp_path / "t")
-    assert loaded.tied
+    assert loaded.needs_target_head
+    with pytest.raises(ValueError, match="tie"):
+        MedusaDrafter(loaded)
     drafter = get_mode("medusa").drafter(target, loaded, {})
     x = torch.randn(3, target.dims.hidden_size)
     assert torch.allclose(drafter.heads(x), heads(x), atol=1e-2)
@@ -224,7 +226,7 @@ def test_medusa_reads_the_state_of_the_last_verified_position(pair):
     state a fresh forward over the committed tokens gives."""
     target, _ = pair
     seen = []
-    heads = MedusaHeads(1, 1, target.dims.hidden_size, target.dims.vocab_size)
+    heads = MedusaHeads(3, 1, target.dims.hidden_size, target.dims.vocab_size)
     drafter = MedusaDrafter(heads)
     original = drafter._logp
 
@@ -234,8 +236,10 @@ def test_medusa_reads_the_state_of_the_last_verified_position(pair):
         return original(state, slots)
 
     drafter._logp = spy
-    SpeculativeRunner(target, drafter, num_draft_tokens=1, tree=TreeShape(1, 2)).generate([PROMPTS[0]], GREEDY)
-    for tokens, hidden in seen[:6]:
+    runner = SpeculativeRunner(target, drafter, num_draft_tokens=1, tree=TreeShape(3, 16))
+    out = runner.generate([PROMPTS[0]], GREEDY)[0]
+    assert max(s.accepted for s in out.stats.step_log) >= 2  # paths deeper than one node were moved into place
+    for tokens, hidden in seen:
         seq = torch.tensor([tokens[:-1]])
         fresh = target(seq, torch.arange(seq.shape[1])[None], target.new_cache(1, 64)).hidden[0, -1]
         assert torch.allclose(hidden, fresh, atol=1e-5)

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.config import DeploymentConfig
+from trtspec.errors import UsageError
 from trtspec.modes import REGISTRY, get_mode
 from trtspec.speculative.drafters import DraftModelDrafter, NgramDrafter
 from trtspec.speculative.factory import load_runner, mode_settings
 from trtspec.speculative.model import Transformer
-from trtspec.speculative.requests import SamplingParams, TreeShape
+from trtspec.speculative.requests import SamplingParams, TreeShape, draft_slots
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
 CHAIN_KS = (1, 2, 3, 4)
@@ -40,7 +41,7 @@ class Method:
     @property
     def verify_width(self) -> int:
         """Tokens the target verifies per step: the last committed token and every draft slot."""
-        return 1 + (self.tree.nodes if self.tree else self.k)
+        return 1 + draft_slots(self.k, self.tree)
 
 
 def candidates(cfg: DeploymentConfig, target: Transformer) -> list[Method]:
@@ -83,8 +84,11 @@ def compare_methods(
     from trtspec.plan import forward_seconds
 
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0)
-    max_len = target.max_positions
-    plain = run_prompts(load_runner(target_path, "none", target=target, max_len=max_len), prompts, params)
+    weight = target.embed_tokens.weight  # drafts load beside the shared target: its device and dtype
+    where = {"device": str(weight.device), "dtype": weight.dtype, "max_len": target.max_positions, "target": target}
+    plain = run_prompts(load_runner(target_path, "none", **where), prompts, params)
+    if plain["steps"] == 0:
+        raise UsageError("the prompts produced no decoding steps to compare methods on: raise --max-tokens")
     plain_s = plain["loop_s"] / plain["steps"]
     widths: dict[int, dict[int, float]] = {}
 
@@ -110,14 +114,11 @@ def compare_methods(
             method.mode,
             draft_path if spec.needs_draft else None,
             num_draft_tokens=method.k,
-            target=target,
-            max_len=max_len,
+            **where,
             settings=mode_settings(cfg, method.mode) if method.mode == cfg.mode else None,
             tree=method.tree,
         )
         m = run_prompts(runner, prompts, params)
-        if m["steps"] == 0:
-            continue
         tokens_per_step = m["tokens"] / m["steps"]
         step_s, draft_s = m["loop_s"] / m["steps"], m["draft_s"] / m["steps"]
         by_batch = {}

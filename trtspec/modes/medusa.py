@@ -106,7 +106,7 @@ class Medusa(SpecMode):
                 f"the Medusa heads read hidden size {cfg['hidden_size']} and write vocabulary {cfg['vocab_size']}; "
                 f"the target has {target.dims.hidden_size} and {target.dims.vocab_size}: heads for another model"
             )
-        if draft.tied:
+        if draft.needs_target_head:
             draft.tie(target.lm_head.weight)
         return MedusaDrafter(draft)
 
@@ -119,7 +119,12 @@ class Medusa(SpecMode):
             if section is not None and section.quantization != "none":
                 errors.append((f"{field}.quantization", "Medusa's convert takes FP16/BF16 weights only (README)"))
         deepest, nodes = (max(len(c) for c in s.choices), len(s.choices)) if s.choices else (None, None)
-        if deepest is None and cfg.build.backend != "torch":  # the backend's default tree
+        if cfg.build.backend == "torch":
+            if deepest is not None:
+                errors.append(
+                    ("medusa.choices", "the engine's tree; the torch runner builds its own (speculation.tree)")
+                )
+        elif deepest is None:  # the backend's default tree
             if s.num_heads < DEFAULT_TREE_DEPTH or s.max_token_len < DEFAULT_TREE_NODES:
                 errors.append(
                     (
@@ -128,8 +133,6 @@ class Medusa(SpecMode):
                         f"{DEFAULT_TREE_DEPTH} and max_token_len >= {DEFAULT_TREE_NODES}; set choices to fit",
                     )
                 )
-        elif cfg.build.backend == "torch":
-            errors.append(("medusa.choices", "the engine's tree; the torch runner builds its own (speculation.tree)"))
         else:
             if deepest > s.num_heads:
                 why = f"a path of depth {deepest} needs {deepest} heads, num_heads is {s.num_heads}"
@@ -183,6 +186,16 @@ class Medusa(SpecMode):
         """The heads checkpoint says how many heads it has (medusa_num_heads in its config.json)."""
         if draft is None:
             return
+        from trtspec.speculative.heads import TIED
+
+        if draft.config.get(TIED) and cfg.build.backend != "torch":
+            report.add(
+                "error",
+                "medusa-heads",
+                "the heads checkpoint stores no output matrices (trtspec's tied layout: they are the target's "
+                "lm_head); TensorRT-LLM's converter needs them",
+                "write the full layout: tools/train_medusa_heads.py --untied, or MedusaHeads.save(tied=False)",
+            )
         heads = draft.config.get("medusa_num_heads")
         if heads is not None and int(heads) < self.settings(cfg).num_heads:
             report.add(

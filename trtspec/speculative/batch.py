@@ -28,6 +28,7 @@ from trtspec.speculative.requests import (
     RequestStats,
     SamplingParams,
     Step,
+    draft_slots,
     positions_needed,
 )
 from trtspec.speculative.sampling import probs_from_logits, sample
@@ -153,6 +154,8 @@ class BatchEngine:
         self.target, self.drafter = target, drafter
         if tree is not None and (drafter is None or not drafter.proposes_trees):
             raise ValueError(f"{type(drafter).__name__} drafts chains only: no token tree")
+        if tree is not None and verify_fn is not verify:
+            raise ValueError("the planted verification bugs are rules for chains: no token tree")
         self.tree = tree
         # with a tree, K is its depth: the most drafts a step can accept
         num_draft_tokens = tree.depth if tree is not None else num_draft_tokens
@@ -200,8 +203,7 @@ class BatchEngine:
         return self.num_draft_tokens if params.num_draft_tokens is None else params.num_draft_tokens
 
     def _draft_slots(self, k: int) -> int:
-        """Cache slots a step writes drafts into: K for a chain, every node of a tree."""
-        return self.tree.nodes if self.tree is not None and k > 0 else k
+        return draft_slots(k, self.tree)
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence; raises ValueError for one that could not finish in a slot."""
@@ -298,11 +300,13 @@ class BatchEngine:
         self._admit(finished)
         decoding = [s for s in self.rows if s is not None and s.prefilled]
         k = self.policy.k(len(decoding), self.num_draft_tokens) if decoding else 0
-        budget = None if self.max_num_tokens is None else self.max_num_tokens - len(decoding) * (k + 1)
+        budget = (
+            None if self.max_num_tokens is None else self.max_num_tokens - len(decoding) * (self._draft_slots(k) + 1)
+        )
         prefilling = [s for s in self.rows if s is not None and not s.prefilled]
         if prefilling:
             self._prefill(sorted(prefilling, key=lambda s: s.admitted_ns), budget)
-        if decoding and self.tree is not None:
+        if decoding and self.tree is not None and k > 0:  # the policy may turn drafting off (max_concurrency)
             self._decode_tree(decoding)
         elif decoding:
             self._decode(decoding, k)

@@ -141,8 +141,8 @@ class DraftModelDrafter(Drafter):
             valid = self.valid[idx]
         counts = lengths - valid
         tokens = _window(state.tokens, valid, counts, idx)
-        out = self.model(tokens, _positions(valid, counts), self.cache, slots=slots)
-        return out.logits[torch.arange(len(idx), device=idx.device), counts - 1]
+        # the padding repeats each row's last position, so the last column is every row's last token
+        return self.model(tokens, _positions(valid, counts), self.cache, last_only=True, slots=slots).logits[:, -1]
 
     def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
         lengths = state.lengths[slots.index]
@@ -295,6 +295,8 @@ class MedusaDrafter(Drafter):
     proposes_trees = True
 
     def __init__(self, heads) -> None:
+        if heads.needs_target_head:
+            raise ValueError("the Medusa heads are stored tied to their target's lm_head: tie() them first")
         self.heads = heads
 
     def start(self, state: BatchState, capacity: int) -> None:
@@ -377,7 +379,7 @@ class NgramDrafter(Drafter):
             for start in range(len(seq) - size - 1, -1, -1):
                 if seq[start : start + size] == tail:
                     follow = seq[start + size : start + size + depth]
-                    if follow not in found:
+                    if follow and not any(f[: len(follow)] == follow for f in found):  # adds a node
                         found.append(follow)
                         if len(found) == width:
                             return found

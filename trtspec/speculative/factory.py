@@ -121,5 +121,8 @@ def runner_for(
         target=target,
         planted=planted,
         settings=mode_settings(cfg, mode),
-        tree=TreeShape.parse(cfg.speculation.tree) if cfg.speculation.tree and spec.runner_trees else None,
+        # the planted bugs are chain rules: a lossless check's power is shown on chains
+        tree=TreeShape.parse(cfg.speculation.tree)
+        if cfg.speculation.tree and spec.runner_trees and not planted
+        else None,
     )

@@ -49,7 +49,8 @@ class MedusaHeads(nn.Module):
             for _ in range(num_heads)
         )
 
-    tied = False  # output matrices are the target's lm_head, not stored
+    tied = False  # the output matrices are the target's lm_head (shared, so not stored)
+    needs_target_head = False  # loaded from a tied folder: tie() before use, the output matrices are unset
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., d] -> logits [..., H, V] float32."""
@@ -59,7 +60,7 @@ class MedusaHeads(nn.Module):
         """Every head's output matrix becomes (shares) the target's."""
         for head in self.heads:
             head[-1].weight = nn.Parameter(lm_head, requires_grad=False)
-        self.tied = True
+        self.tied, self.needs_target_head = True, False
 
     def config(self) -> dict:
         out = self.heads[0][-1]
@@ -72,6 +73,10 @@ class MedusaHeads(nn.Module):
 
     def save(self, folder: Path, extra_config: dict | None = None, tied: bool = False) -> None:
         """The converter's layout; `tied` leaves out the output matrices (they are the target's lm_head)."""
+        if tied and not self.tied:
+            raise ValueError("these heads have output matrices of their own: saving them tied would drop them")
+        if self.needs_target_head:
+            raise ValueError("these heads' output matrices are unset: tie() them to the target first")
         folder.mkdir(parents=True, exist_ok=True)
         last = f"{self.num_layers}.weight"
         state = {
@@ -122,5 +127,5 @@ def load_heads(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     state = {f"heads.{name}": weights[name] for name in expected}
     model.load_state_dict(state, strict=not tied)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    model.tied = tied  # the output matrices still to be tied to the target's lm_head
+    model.needs_target_head = tied
     return model

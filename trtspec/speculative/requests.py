@@ -29,6 +29,9 @@ class GenerationParams:
     num_draft_tokens: int | None = None  # default: the runner's
 
 
+MAX_TREE_NODES = 64  # as TensorRT-LLM's Medusa trees (max_medusa_token_len 63 by default)
+
+
 @dataclass(frozen=True)
 class TreeShape:
     """A tree `depth` levels deep keeping the `width` best nodes per level (EAGLE-2's pruning by draft score)."""
@@ -49,7 +52,17 @@ class TreeShape:
         match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
         if not match or int(match[1]) < 1 or int(match[2]) < 1:
             raise ValueError(f"tree shape must be DEPTHxWIDTH with both >= 1 (e.g. 4x3), got {text!r}")
-        return TreeShape(int(match[1]), int(match[2]))
+        shape = TreeShape(int(match[1]), int(match[2]))
+        if shape.nodes > MAX_TREE_NODES:
+            raise ValueError(
+                f"tree {text.strip()} has {shape.nodes} nodes; at most {MAX_TREE_NODES} are verified per pass"
+            )
+        return shape
+
+
+def draft_slots(k: int, tree: TreeShape | None) -> int:
+    """Cache slots a step writes drafts into: K for a chain, every node of a tree (none when K is 0)."""
+    return tree.nodes if tree is not None and k > 0 else k
 
 
 def positions_needed(prompt_tokens: int, max_tokens: int, draft_slots: int) -> int:

@@ -17,7 +17,7 @@ import torch
 from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence
 from trtspec.speculative.drafters import Drafter
 from trtspec.speculative.model import Transformer
-from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step, positions_needed
+from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step, draft_slots, positions_needed
 from trtspec.speculative.tree import TreeShape
 from trtspec.speculative.verification import verify
 
@@ -71,13 +71,13 @@ class SpeculativeRunner:
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
         k = 0 if self.drafter is None else (params.num_draft_tokens or self.num_draft_tokens)
-        draft_slots = self.tree.nodes if self.tree is not None and k else k
+        slots = draft_slots(k, self.tree)
         # the caches hold what the longest request needs, not max_len
-        capacity = positions_needed(max(len(p) for p in prompts), params.max_tokens, draft_slots)
+        capacity = positions_needed(max(len(p) for p in prompts), params.max_tokens, slots)
         if capacity > self.max_len:
             raise ValueError(
                 f"prompt ({max(len(p) for p in prompts)}) + max_tokens ({params.max_tokens}) + drafts "
-                f"({draft_slots}) exceed the runner's {self.max_len} positions"
+                f"({slots}) exceed the runner's {self.max_len} positions"
             )
         engine = BatchEngine(
             self.target,
