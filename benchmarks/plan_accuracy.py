@@ -134,10 +134,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--methods-only", action="store_true", help="only the recommended method on unseen prompts")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "plan_accuracy.json")
     args = ap.parse_args()
     rows, methods = [], []
-    for config in CONFIGS:
+    for config in [] if args.methods_only else CONFIGS:
         rows.append(measure(config, args.per_category, args.max_tokens))
         atomic_write_text(args.out, json.dumps({"rows": rows}, indent=2))  # flushed as each config finishes
     for config in CONFIGS:

@@ -162,7 +162,8 @@ def main() -> int:
     ap.add_argument("--draft-k", default="1,2,3,4,5,6")
     ap.add_argument("--mtp-k", default="1,2,3,4")
     ap.add_argument("--ngram-k", default="2,4")
-    ap.add_argument("--medusa-k", default="1,2,3,4")
+    ap.add_argument("--medusa-k", default="1,2", help="chains up to the shipped heads (2)")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--trees", default="2x2,3x2,3x3,4x2,4x3,4x4", help="tree shapes for the drafters that make trees")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/speculative.json"))
@@ -190,14 +191,25 @@ def main() -> int:
         rows.append(row)
         print(f"  {label:17s} K={k}  {res['tokens_per_s']:7.1f} tok/s", file=sys.stderr, flush=True)
 
-    plain = run_trtspec(load_runner(TARGET, "none", target=target, max_len=max_len), prompts, args.max_tokens)
-    record("none", 0, None, plain)
+    runs = [("none", 0, None), *methods]
+    runners = [
+        load_runner(TARGET, mode, MEDUSA if mode == "medusa" else DRAFT, num_draft_tokens=max(k, 1), target=target,
+                    max_len=max_len, tree=tree)
+        for mode, k, tree in runs
+    ]  # fmt: skip
+    # every run once per round, rounds in turn, the faster round kept: this VM's speed drifts by 10-30%
+    # over minutes, and a slow spell should not land on one method alone
+    best: list[dict | None] = [None] * len(runs)
+    for _ in range(args.rounds):
+        for i, runner in enumerate(runners):
+            res = run_trtspec(runner, prompts, args.max_tokens)
+            if best[i] is None or res["tokens_per_s"] > best[i]["tokens_per_s"]:
+                best[i] = res
+    plain = best[0]
     exact = {}
-    for mode, k, tree in methods:
-        draft_path = MEDUSA if mode == "medusa" else DRAFT
-        runner = load_runner(TARGET, mode, draft_path, num_draft_tokens=k, target=target, max_len=max_len, tree=tree)
-        res = run_trtspec(runner, prompts, args.max_tokens)
-        exact[f"{mode}/{tree or k}"] = res["outputs"] == plain["outputs"]
+    for (mode, k, tree), res in zip(runs, best, strict=True):
+        if k:
+            exact[f"{mode}/{tree or k}"] = res["outputs"] == plain["outputs"]
         record(mode, k, tree, res)
 
     hf_target = LlamaForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()

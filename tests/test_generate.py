@@ -50,6 +50,32 @@ def test_every_mode_generates_the_same_greedy_text(greedy_outputs):
         assert greedy_outputs[mode]["text"] == plain["text"]
 
 
+def test_trees_and_medusa_heads_generate_the_same_greedy_text(runner, greedy_outputs, tmp_path):
+    """--tree on each drafter that makes trees, and the shipped Medusa heads (chain and tree)."""
+    plain = greedy_outputs["none"]
+    base = ["generate", str(CONFIGS / "tiny-draft-target.yaml"), "--prompt", PROMPT, "--max-tokens", "48"]
+    base += ["--ignore-eos", "--json"]
+    for extra in (["--mode", "draft-target", "--tree", "3x2"], ["--mode", "ngram", "--tree", "2x3"]):
+        res = runner.invoke(cli, base + extra)
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        assert out["tokens"] == plain["tokens"] and out["tree"] == extra[-1], extra
+    config = {"name": "medusa", "target": {"checkpoint": "embedded:tiny-target"}}
+    config |= {"draft": {"checkpoint": "embedded:tiny-medusa"}, "speculation": {"mode": "medusa"}}
+    path = tmp_path / "medusa.yaml"
+    path.write_text(json.dumps(config))
+    for extra in ([], ["--tree", "2x4"]):
+        medusa = ["generate", str(path), "--prompt", PROMPT, "--max-tokens", "48", "--ignore-eos", "--json"]
+        res = runner.invoke(cli, medusa + extra)
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        assert out["tokens"] == plain["tokens"] and out["stats"]["acceptance_rate"] > 0.1, extra
+    res = runner.invoke(cli, [*base, "--mode", "mtp", "--tree", "3x2"])
+    assert res.exit_code == 2 and "drafts chains only" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = runner.invoke(cli, [*base, "--mode", "ngram", "--tree", "9x9"])
+    assert res.exit_code == 2 and "at most 64" in res.stderr
+
+
 def test_trained_drafters_are_accepted_often(greedy_outputs):
     # a trained draft and trained MTP layers agree with the target far above chance (1/2048): the first
     # draft of a step is accepted about 60% of the time (the model card's teacher-forced top-1 agreement)

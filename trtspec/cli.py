@@ -281,6 +281,7 @@ def plan(
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None)
 @click.option("--seed", type=int, default=None)
 @click.option("--num-draft-tokens", type=click.IntRange(1, 16), default=None, help="K (default: config).")
+@click.option("--tree", default=None, help="Verify a token tree DEPTHxWIDTH, e.g. 4x3 (default: speculation.tree).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the end-of-sequence token.")
 @click.option("--json", "as_json", is_flag=True, help="Print text, tokens and stats as JSON.")
 def generate(
@@ -293,6 +294,7 @@ def generate(
     top_p: float | None,
     seed: int | None,
     num_draft_tokens: int | None,
+    tree: str | None,
     ignore_eos: bool,
     as_json: bool,
 ) -> None:
@@ -301,7 +303,9 @@ def generate(
     from trtspec.generate import GenerateRequest, generate_text
 
     cfg = load_config(config)
-    req = GenerateRequest(prompt, mode, max_tokens, temperature, top_k, top_p, seed, num_draft_tokens, ignore_eos)
+    req = GenerateRequest(
+        prompt, mode, max_tokens, temperature, top_k, top_p, seed, num_draft_tokens, tree=tree, ignore_eos=ignore_eos
+    )
     if as_json:
         _print_json(generate_text(cfg, req))
         return
@@ -310,7 +314,8 @@ def generate(
     s = result["stats"]
     click.echo()
     click.echo(
-        f"[{result['mode']}, K={result['num_draft_tokens']}] {s['output_tokens']} tokens in {s['steps']} steps, "
+        f"[{result['mode']}, {'tree ' + result['tree'] if result['tree'] else 'K=' + str(result['num_draft_tokens'])}] "
+        f"{s['output_tokens']} tokens in {s['steps']} steps, "
         f"acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_step']:.2f} tokens/step, "
         f"{s['tokens_per_s']:.1f} tokens/s (draft {s['draft_s'] * 1000:.0f} ms, verify {s['verify_s'] * 1000:.0f} ms)",
         err=True,

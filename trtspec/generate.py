@@ -23,6 +23,7 @@ class GenerateRequest:
     top_p: float | None = None
     seed: int | None = None
     num_draft_tokens: int | None = None
+    tree: str | None = None  # DEPTHxWIDTH: verify a token tree (default: the config's speculation.tree)
     ignore_eos: bool = False
 
 
@@ -32,7 +33,7 @@ def generate_text(
     from transformers import AutoTokenizer
 
     mode = req.mode or cfg.mode
-    runner = runner_for(cfg, mode, req.num_draft_tokens)
+    runner = runner_for(cfg, mode, req.num_draft_tokens, tree=req.tree)
     target_path = cfg.checkpoint_path(cfg.target)
     tokenizer = AutoTokenizer.from_pretrained(str(target_path))
     s = cfg.speculation.sampling
@@ -75,6 +76,7 @@ def generate_text(
     return {
         "mode": mode,
         "num_draft_tokens": runner.num_draft_tokens,
+        "tree": str(runner.tree) if runner.tree else None,
         "prompt": req.prompt,
         "text": text,
         "tokens": out.tokens,

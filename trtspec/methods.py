@@ -26,6 +26,8 @@ from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
 CHAIN_KS = (1, 2, 3, 4)
 TREES = ("2x2", "3x2", "3x3", "4x3")
+CONFIRM = 3  # the best this many are measured again and judged on the second run alone: the best of many noisy
+# runs is the luckiest as much as the fastest, and its own figure would overstate it
 
 
 @dataclass(frozen=True)
@@ -86,10 +88,15 @@ def compare_methods(
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0)
     weight = target.embed_tokens.weight  # drafts load beside the shared target: its device and dtype
     where = {"device": str(weight.device), "dtype": weight.dtype, "max_len": target.max_positions, "target": target}
-    plain = run_prompts(load_runner(target_path, "none", **where), prompts, params)
-    if plain["steps"] == 0:
-        raise UsageError("the prompts produced no decoding steps to compare methods on: raise --max-tokens")
-    plain_s = plain["loop_s"] / plain["steps"]
+    plain_runner = load_runner(target_path, "none", **where)
+
+    def plain_seconds() -> float:
+        plain = run_prompts(plain_runner, prompts, params)
+        if plain["steps"] == 0:
+            raise UsageError("the prompts produced no decoding steps to compare methods on: raise --max-tokens")
+        return plain["loop_s"] / plain["steps"]
+
+    plain_s = plain_seconds()
     widths: dict[int, dict[int, float]] = {}
 
     def target_scale(batch: int, width: int) -> float:
@@ -106,8 +113,7 @@ def compare_methods(
             draft_scales[key] = _draft_scale(runner, batch, method, forward_seconds)
         return draft_scales[key]
 
-    rows = []
-    for method in candidates(cfg, target):
+    def measure(method: Method) -> dict[str, Any]:
         spec = get_mode(method.mode)
         runner = load_runner(
             target_path,
@@ -127,19 +133,24 @@ def compare_methods(
                 b, method.verify_width
             )
             by_batch[str(b)] = tokens_per_step * plain_s * target_scale(b, 1) / step_b
-        rows.append(
-            {
-                "method": method.label,
-                "mode": method.mode,
-                "k": method.k,
-                "tree": str(method.tree) if method.tree else None,
-                "tokens_per_step": tokens_per_step,
-                "step_ms": 1000 * step_s,
-                "draft_ms": 1000 * draft_s,
-                "predicted_speedup": by_batch,
-            }
-        )
-    best = max(rows, key=lambda r: r["predicted_speedup"]["1"])
+        return {
+            "method": method.label,
+            "mode": method.mode,
+            "k": method.k,
+            "tree": str(method.tree) if method.tree else None,
+            "tokens_per_step": tokens_per_step,
+            "step_ms": 1000 * step_s,
+            "draft_ms": 1000 * draft_s,
+            "predicted_speedup": by_batch,
+        }
+
+    methods = candidates(cfg, target)
+    rows = [measure(method) for method in methods]
+    leaders = sorted(range(len(rows)), key=lambda i: -rows[i]["predicted_speedup"]["1"])[:CONFIRM]
+    plain_s = plain_seconds()  # the confirming round's own baseline
+    for i in leaders:
+        rows[i] = {**measure(methods[i]), "confirmed": True}
+    best = max((rows[i] for i in leaders), key=lambda r: r["predicted_speedup"]["1"])
     return {"plain_ms_per_token": 1000 * plain_s, "rows": rows, "recommended": best}
 
 

@@ -86,14 +86,29 @@ def load_runner(
     )
 
 
+def _tree(given: str | None, cfg: DeploymentConfig, spec: SpecMode, planted: str | None) -> TreeShape | None:
+    """The tree asked for, else the config's where the mode makes trees; none for a planted bug, which
+    is a rule for chains (the lossless check shows its power on chains)."""
+    if given:
+        try:
+            return TreeShape.parse(given)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if planted or not cfg.speculation.tree or not spec.runner_trees:
+        return None
+    return TreeShape.parse(cfg.speculation.tree)
+
+
 def runner_for(
     cfg: DeploymentConfig,
     mode: str | None = None,
     num_draft_tokens: int | None = None,
     target: Transformer | None = None,
     planted: str | None = None,
+    tree: str | None = None,
 ) -> SpeculativeRunner:
-    """The runner a deployment config describes, as `generate` and the served torch models run it."""
+    """The runner a deployment config describes, as `generate` and the served torch models run it;
+    `tree` (DEPTHxWIDTH) overrides speculation.tree."""
     mode = mode or cfg.mode
     spec = runner_mode(mode)
     k = num_draft_tokens or cfg.speculation.num_draft_tokens
@@ -121,8 +136,5 @@ def runner_for(
         target=target,
         planted=planted,
         settings=mode_settings(cfg, mode),
-        # the planted bugs are chain rules: a lossless check's power is shown on chains
-        tree=TreeShape.parse(cfg.speculation.tree)
-        if cfg.speculation.tree and spec.runner_trees and not planted
-        else None,
+        tree=_tree(tree, cfg, spec, planted),
     )
