@@ -234,6 +234,20 @@ def test_digest_changes_with_settings():
     assert a != b and a == validate_config(GOOD).digest()
 
 
+def test_an_unset_tree_leaves_the_hashes_as_they_were():
+    """speculation.tree came later: configs without it hash as before (the deploy goldens hold those hashes:
+    no pod roll, no rebuild), and setting it changes both hashes."""
+    from trtspec.config import validate_config
+
+    data = _with("build.backend", "torch")
+    data["serve"] = {**data.get("serve", {}), "flavour": "llmapi"}
+    cfg = validate_config(data)
+    assert "tree" not in cfg.model_dump(mode="json", exclude=cfg._unused())["speculation"]
+    data["speculation"] = {**data.get("speculation", {}), "tree": "3x2", "policy": "fixed"}
+    treed = validate_config(data)
+    assert treed.digest() != cfg.digest() and treed.serving_digest() != cfg.serving_digest()
+
+
 @pytest.mark.parametrize("name", ["tiny-draft-target", "tiny-mtp", "tiny-baseline"])
 def test_embedded_configs_pass_trtspec_check(name):
     from trtspec.check import run_check

@@ -259,20 +259,26 @@ class _Deployment(_Section):
         """The local directory of a checkpoint, or None for a hub id (fetched on the GPU host)."""
         return resolve_checkpoint(section.checkpoint, self.base_dir)
 
-    def _unused_sections(self) -> set[str]:
-        """Mode sections left out: a mode added to trtspec must not change the hash of configs that
-        never name it (their pods would roll, their builds rerun, for nothing)."""
-        return {m.section for m in REGISTRY.values() if m.section and getattr(self, m.section) is None}
+    def _unused(self) -> dict[str, Any]:
+        """Left out of the hashes: mode sections the config does not use and an unset speculation.tree. A
+        mode or option added to trtspec must not change the hash of configs that never name it (their pods
+        would roll, their builds rerun, for nothing)."""
+        out: dict[str, Any] = {
+            m.section: True for m in REGISTRY.values() if m.section and getattr(self, m.section) is None
+        }
+        if self.speculation.tree is None:
+            out["speculation"] = {"tree": True}
+        return out
 
     def digest(self) -> str:
         """A stable hash of the effective settings, for build manifests."""
-        text = json.dumps(self.model_dump(mode="json", exclude=self._unused_sections()), sort_keys=True)
+        text = json.dumps(self.model_dump(mode="json", exclude=self._unused()), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def serving_digest(self) -> str:
         """A hash of what the served repository is made from (everything but `deploy`): pods roll, and a
         repository is rebuilt, when it changes, not when an alert threshold or the HPA's bounds do."""
-        text = json.dumps(self.model_dump(mode="json", exclude={"deploy", *self._unused_sections()}), sort_keys=True)
+        text = json.dumps(self.model_dump(mode="json", exclude={"deploy": True, **self._unused()}), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
