@@ -1,11 +1,12 @@
 """Speculative decoding on the embedded tiny pair, batch 1: every method of trtspec's runner against
 plain decoding and against Hugging Face assisted generation, on Spec-Bench prompts and held-out text.
 
-Methods: the draft model, the target's MTP layers, n-gram lookup and the shipped Medusa heads, each as
-chains of K and (where the drafter offers several candidates) token trees DEPTHxWIDTH. For each it
-reports tokens/s, tokens per target pass, acceptance per position (per depth for trees), the measured
-cost of drafting d (in target steps: K c for a chain of a draft model, c + (D-1) c(W) for a tree whose
-levels run W tokens each, one heads call for Medusa, 0 for n-gram) and of verifying v(w) (one target
+Methods: the draft model, the target's MTP layers, n-gram lookup, the shipped Medusa heads and the target
+drafting for itself (the prefix of its layers plan's rule picks from measured acceptance and cost, and its
+int8 copy), each as chains of K and (where the drafter offers several candidates) token trees DEPTHxWIDTH.
+For each it reports tokens/s, tokens per target pass, acceptance per position (per depth for trees), the
+measured cost of drafting d (in target steps: K c for a chain of a draft model, c + (D-1) c(W) for a tree
+whose levels run W tokens each, one heads call for Medusa, 0 for n-gram) and of verifying v(w) (one target
 pass over w tokens), the cost-model bound E[tokens/pass] / (d + v) from the measured acceptance, and
 efficiency = measured speedup / bound. Every ratio compares runs made in this one process.
 
@@ -33,27 +34,40 @@ from trtspec.speculative.cost_model import conditional_rates, expected_tokens_pe
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.heads import load_heads
 from trtspec.speculative.model import Transformer, load_transformer
+from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams
+from trtspec.speculative.self_draft import best_prefix, prefix_acceptance, self_draft_model
 from trtspec.speculative.tree import TreeShape
 
 TARGET, DRAFT = EMBEDDED_CHECKPOINTS["tiny-target"], EMBEDDED_CHECKPOINTS["tiny-draft"]
 MEDUSA = EMBEDDED_CHECKPOINTS["tiny-medusa"]
 
 
-def methods_to_run(args) -> list[tuple[str, int, TreeShape | None]]:
-    """(mode, K, tree) for every chain and tree measured."""
+Run = tuple[str, int, "TreeShape | None", dict]  # mode, K, tree, the mode's settings
+
+
+def methods_to_run(args, self_layers: list[int]) -> list[Run]:
+    """(mode, K, tree, settings) for every chain and tree measured."""
     trees = [TreeShape.parse(t) for t in args.trees.split(",")]
-    out: list[tuple[str, int, TreeShape | None]] = []
-    for mode, ks in (
-        ("draft-target", args.draft_k),
-        ("mtp", args.mtp_k),
-        ("ngram", args.ngram_k),
-        ("medusa", args.medusa_k),
+    out: list[Run] = []
+    for mode, ks, settings, with_trees in (
+        ("draft-target", args.draft_k, {}, True),
+        ("mtp", args.mtp_k, {}, True),
+        ("ngram", args.ngram_k, {}, True),
+        ("medusa", args.medusa_k, {}, True),
+        ("self-draft", args.self_k, {"layers": self_layers}, True),
+        ("self-draft", args.int8_k, {"weights": "int8"}, False),
     ):
-        out += [(mode, int(k), None) for k in ks.split(",")]
-        if get_mode(mode).runner_trees:
-            out += [(mode, t.depth, t) for t in trees]
+        out += [(mode, int(k), None, settings) for k in ks.split(",")]
+        if with_trees and get_mode(mode).runner_trees:
+            out += [(mode, t.depth, t, settings) for t in trees]
     return out
+
+
+def label(mode: str, tree: TreeShape | None, settings: dict) -> str:
+    name = mode + (f" L{len(settings['layers'])}" if "layers" in settings else "")
+    name += " int8" if settings.get("weights") == "int8" else ""
+    return f"{name} {tree}" if tree else name
 
 
 def load_prompts(tokenizer, count: int, max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
@@ -77,9 +91,11 @@ def load_prompts(tokenizer, count: int, max_prompt_tokens: int) -> list[tuple[st
 
 
 @torch.inference_mode()
-def step_costs(target: Transformer, draft: Transformer, heads, widths: set[int], context: int = 128) -> dict:
+def step_costs(
+    target: Transformer, draft: Transformer, heads, widths: set[int], self_drafts: dict, context: int = 128
+) -> dict:
     """Per-call costs at a realistic cache length, in target steps: verify over w tokens, a draft-model
-    pass over w tokens, one MTP layer, one call of every Medusa head."""
+    pass over w tokens (the separate draft and each self-draft), one MTP layer, one call of every Medusa head."""
     t1 = forward_seconds(target, 1, 1, context)
     mtp_cache = target.new_mtp_cache(1, context + 32)
     hid = torch.randn(1, 1, target.dims.hidden_size)
@@ -91,13 +107,17 @@ def step_costs(target: Transformer, draft: Transformer, heads, widths: set[int],
         "c_draft": {w: forward_seconds(draft, 1, w, context) / t1 for w in sorted(widths)},
         "c_mtp": mtp / t1,
         "c_heads": median_seconds(lambda: heads(hid[:, -1])) / t1,
+        "c_self": {
+            name: {w: forward_seconds(model, 1, w, context) / t1 for w in sorted(widths)}
+            for name, model in self_drafts.items()
+        },
     }
 
 
-def drafting_cost(mode: str, k: int, tree: TreeShape | None, costs: dict) -> float:
+def drafting_cost(mode: str, k: int, tree: TreeShape | None, settings: dict, costs: dict) -> float:
     """Draft cost of one step in target steps, from the per-call costs."""
-    if mode == "draft-target":
-        c = costs["c_draft"]
+    if mode in ("draft-target", "self-draft"):
+        c = costs["c_draft"] if mode == "draft-target" else costs["c_self"][label(mode, None, settings)]
         return c[1] + (tree.depth - 1) * c[tree.width] if tree else k * c[1]
     if mode == "mtp":
         return k * costs["c_mtp"]
@@ -163,6 +183,8 @@ def main() -> int:
     ap.add_argument("--mtp-k", default="1,2,3,4")
     ap.add_argument("--ngram-k", default="2,4")
     ap.add_argument("--medusa-k", default="1,2", help="chains up to the shipped heads (2)")
+    ap.add_argument("--self-k", default="1,2,3,4", help="chains of the self-draft over the layers plan's rule picks")
+    ap.add_argument("--int8-k", default="1,2,3,4", help="chains of the target's int8 copy")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--trees", default="2x2,3x2,3x3,4x2,4x3,4x4", help="tree shapes for the drafters that make trees")
     ap.add_argument("--threads", type=int, default=2)
@@ -174,28 +196,39 @@ def main() -> int:
     max_len = args.max_prompt_tokens + args.max_tokens + 32
     target = load_transformer(TARGET, max_len=max_len)
     draft = load_transformer(DRAFT, max_len=max_len)
-    methods = methods_to_run(args)
-    widths = {1} | {1 + (tree.nodes if tree else k) for _, k, tree in methods} | {t.width for _, _, t in methods if t}
+    # the self-draft's layers by plan's rule: the prefix whose measured acceptance and cost rate best
+    ids = [p for _, p in prompts]
+    acceptance = prefix_acceptance(target, ids, SamplingParams())
+    t1 = forward_seconds(target, 1, 1)
+    by_layers = [forward_seconds(self_draft_model(target, range(n)), 1, 1) / t1 for n in range(1, len(acceptance) + 1)]
+    self_layers = list(range(best_prefix(acceptance, by_layers)))
+    methods = methods_to_run(args, self_layers)
+    widths = {1} | {1 + (t.nodes if t else k) for _, k, t, _ in methods} | {t.width for _, _, t, _ in methods if t}
     heads = load_heads(MEDUSA)
-    costs = step_costs(target, draft, heads, widths)
+    self_drafts = {
+        label("self-draft", None, s): load_runner(TARGET, "self-draft", target=target, settings=s).drafter.model
+        for s in ({"layers": self_layers}, {"weights": "int8"})
+    }
+    costs = step_costs(target, draft, heads, widths, self_drafts)
+    costs["self_draft_choice"] = {"acceptance_by_layers": acceptance, "cost_by_layers": by_layers}
     rows: list[dict] = []
 
-    def record(mode: str, k: int, tree: TreeShape | None, res: dict) -> None:
-        label = f"{mode} {tree}" if tree else mode
-        row = {"engine": "trtspec", "mode": mode, "method": label, "k": k, "tree": str(tree) if tree else None}
+    def record(mode: str, k: int, tree: TreeShape | None, settings: dict, res: dict) -> None:
+        name = label(mode, tree, settings)
+        row = {"engine": "trtspec", "mode": mode, "method": name, "k": k, "tree": str(tree) if tree else None}
         row.update({x: y for x, y in res.items() if x != "outputs"})
         if k:
-            d, v = drafting_cost(mode, k, tree, costs), costs["v"][1 + (tree.nodes if tree else k)]
+            d, v = drafting_cost(mode, k, tree, settings, costs), costs["v"][1 + (tree.nodes if tree else k)]
             bound = expected_tokens_per_step_positional(res["acceptance_per_position"]) / (d + v)
             row.update(draft_cost=d, v=v, bound=bound)
         rows.append(row)
-        print(f"  {label:17s} K={k}  {res['tokens_per_s']:7.1f} tok/s", file=sys.stderr, flush=True)
+        print(f"  {name:17s} K={k}  {res['tokens_per_s']:7.1f} tok/s", file=sys.stderr, flush=True)
 
-    runs = [("none", 0, None), *methods]
+    runs = [("none", 0, None, {}), *methods]
     runners = [
         load_runner(TARGET, mode, MEDUSA if mode == "medusa" else DRAFT, num_draft_tokens=max(k, 1), target=target,
-                    max_len=max_len, tree=tree)
-        for mode, k, tree in runs
+                    max_len=max_len, tree=tree, settings=settings or None)
+        for mode, k, tree, settings in runs
     ]  # fmt: skip
     # every run once per round, rounds in turn, the faster round kept: this VM's speed drifts by 10-30%
     # over minutes, and a slow spell should not land on one method alone
@@ -207,10 +240,10 @@ def main() -> int:
                 best[i] = res
     plain = best[0]
     exact = {}
-    for (mode, k, tree), res in zip(runs, best, strict=True):
+    for (mode, k, tree, settings), res in zip(runs, best, strict=True):
         if k:
-            exact[f"{mode}/{tree or k}"] = res["outputs"] == plain["outputs"]
-        record(mode, k, tree, res)
+            exact[f"{label(mode, None, settings)}/{tree or k}"] = res["outputs"] == plain["outputs"]
+        record(mode, k, tree, settings, res)
 
     hf_target = LlamaForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(DRAFT, dtype=torch.float32).eval()
@@ -291,7 +324,8 @@ def main() -> int:
             f"{r['speedup']:7.2f} {per_pass:>8s} {acc:>6s} {bound:>6s} {eff:>5s}"
         )
     print(
-        f"c(draft)={costs['c_draft'][1]:.3f} c(mtp)={costs['c_mtp']:.3f} c(heads)={costs['c_heads']:.3f} target step "
+        f"c(draft)={costs['c_draft'][1]:.3f} c(mtp)={costs['c_mtp']:.3f} c(heads)={costs['c_heads']:.3f} "
+        f"c(self)={', '.join(f'{n} {c[1]:.3f}' for n, c in costs['c_self'].items())} target step "
         f"{costs['target_ms']:.2f} ms; best {overall['method']} K={overall['k']} {overall['speedup']:.2f}x; "
         f"vs HF assisted: {summary['vs_hf_assisted']:.2f}x; targets: {summary['targets']}"
     )

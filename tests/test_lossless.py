@@ -26,6 +26,7 @@ from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 from trtspec.speculative.sampling import probs_from_logits
+from trtspec.speculative.self_draft import self_draft_model
 from trtspec.speculative.tree import TreeShape, TreeVerified
 
 pytestmark = pytest.mark.slow
@@ -84,7 +85,7 @@ def run(target, drafter, params: SamplingParams, k: int = 3, seed: int = 0, runn
 
 
 @pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
-@pytest.mark.parametrize("mode", ["draft-target", "mtp", "ngram", "medusa"])
+@pytest.mark.parametrize("mode", ["draft-target", "mtp", "ngram", "medusa", "self-draft", "self-draft-int8"])
 def test_speculative_samples_follow_the_target_exactly(models, mode, params):
     target, draft = models
     drafter = {
@@ -92,6 +93,8 @@ def test_speculative_samples_follow_the_target_exactly(models, mode, params):
         "mtp": lambda: MTPDrafter(target),
         "ngram": lambda: NgramDrafter(),
         "medusa": lambda: MedusaDrafter(medusa_heads(target)),
+        "self-draft": lambda: DraftModelDrafter(self_draft_model(target, [0])),
+        "self-draft-int8": lambda: DraftModelDrafter(self_draft_model(target, [0], "int8")),
     }[mode]()
     samples, acceptance = run(target, drafter, params)
     stat, p = chi_square(samples, exact_joint(target, params))
@@ -116,6 +119,15 @@ def test_planted_verification_bugs_fail_by_a_wide_margin(models, bug):
     assert p < 1e-30, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
 
 
+def test_a_planted_bug_under_a_self_draft_fails_by_a_wide_margin(models):
+    """The self-draft's samples go through the same verifier: the exact test sees it broken there too."""
+    target, _ = models
+    bug = sorted(PLANTED)[0]
+    samples, _ = run(target, DraftModelDrafter(self_draft_model(target, [0], "int8")), T1, k=2, verify_fn=PLANTED[bug])
+    stat, p = chi_square(samples, exact_joint(target, T1))
+    assert p < 1e-30, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
+
+
 def test_broken_argmax_draft_with_softmax_q_fails_by_a_wide_margin(models):
     target, draft = models
     samples, _ = run(target, ArgmaxDraftSoftmaxQ(draft), T1)
@@ -132,12 +144,13 @@ def medusa_heads(target) -> MedusaHeads:
 
 
 @pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
-@pytest.mark.parametrize("mode", ["draft-target", "ngram", "medusa"])
+@pytest.mark.parametrize("mode", ["draft-target", "ngram", "medusa", "self-draft"])
 def test_tree_samples_follow_the_target_exactly(models, mode, params):
     """Multi-candidate verification of a token tree (SpecInfer's rule with deterministic candidates)."""
     target, draft = models
     drafter = {
         "draft-target": lambda: DraftModelDrafter(draft),
+        "self-draft": lambda: DraftModelDrafter(self_draft_model(target, [0])),
         "ngram": NgramDrafter,
         "medusa": lambda: MedusaDrafter(medusa_heads(target)),
     }[mode]()

@@ -111,6 +111,8 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
             "24",
             "--out",
             str(tmp_path),
+            "--methods",
+            "draft-target,self-draft",
             "--json",
         ],
     )
@@ -131,10 +133,18 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
     )
     assert set(plan["best_by_batch"]) == {"1", "2", "4"}
     assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # every method the pair supports, measured: the configured draft model, n-gram, and the target's MTP layers
+    # the methods asked for, measured: the configured draft model, and the target drafting for itself with the
+    # prefix of its layers chosen by measured acceptance and cost, and with its int8 copy (chains only)
     rows = {r["method"]: r for r in plan["methods"]["rows"]}
-    assert {"draft-target K=1", "draft-target tree 3x3", "ngram K=2", "ngram tree 2x2", "mtp K=1"} <= set(rows)
-    assert not any(r["mode"] == "mtp" and r["tree"] for r in rows.values())  # MTP drafts chains only
+    chose = plan["methods"]["chosen"]["self-draft"]
+    assert len(chose["acceptance_by_layers"]) == len(chose["cost_by_layers"]) == 5  # the target's 6 layers less one
+    assert all(0 <= a <= 1 for a in chose["acceptance_by_layers"]) and 1 <= len(chose["layers"]) <= 5
+    prefix = f"self-draft layer {chose['layers'][0]}" if len(chose["layers"]) == 1 else None
+    prefix = prefix or f"self-draft layers 0-{chose['layers'][-1]}"
+    assert {"draft-target K=1", "draft-target tree 3x3", f"{prefix} K=2", f"{prefix} tree 2x2"} <= set(rows)
+    assert {"self-draft int8 K=1", "self-draft int8 K=4"} <= set(rows)
+    assert not any("int8" in label and r["tree"] for label, r in rows.items())
+    assert {r["mode"] for r in rows.values()} == {"draft-target", "self-draft"}
     assert all(1.0 <= r["tokens_per_step"] <= 1 + (4 if r["tree"] else r["k"]) for r in rows.values())
     assert all(set(r["predicted_speedup"]) == {"1", "2", "4"} for r in rows.values())
     # the leaders are measured again and the recommendation is the best of that second round
@@ -157,3 +167,12 @@ def test_plan_refuses_baseline_and_hub_ids(runner, tmp_path):
         ],
     )
     assert res.exit_code == 2 and "hub id" in res.stderr
+
+
+def test_plan_compares_only_the_methods_asked_for_and_refuses_others(runner, tmp_path):
+    res = runner.invoke(cli, ["plan", str(CONFIGS / "tiny-draft-target.yaml"), "--methods", "draft-target,eagle3"])
+    assert res.exit_code == 2
+    assert "--methods eagle3: this pair's methods are draft-target, ngram, self-draft, mtp" in res.stderr
+    assert "Traceback" not in res.output
+    res = runner.invoke(cli, ["plan", str(CONFIGS / "tiny-draft-target.yaml"), "--methods", " , "])
+    assert res.exit_code == 2 and "--methods (none)" in res.stderr

@@ -200,6 +200,12 @@ def check(config: Path, as_json: bool) -> None:
     default=None,
     help="Directory for plan.json and plan.png (default engines/NAME).",
 )
+@click.option(
+    "--methods",
+    "only",
+    default=None,
+    help="Comma-separated modes to compare on backend torch (default: every one the pair supports).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print plan.json.")
 def plan(
     config: Path,
@@ -209,6 +215,7 @@ def plan(
     per_category: int | None,
     gpu: str | None,
     out: Path | None,
+    only: str | None,
     as_json: bool,
 ) -> None:
     """Measure acceptance on your prompts, choose num_draft_tokens, predict speedup per batch size."""
@@ -219,7 +226,8 @@ def plan(
 
     cfg = load_config(config)
     prompts = load_prompts(prompts_file or BUILTIN_PROMPTS, limit=limit, per_category=per_category)
-    result = run_plan(cfg, prompts, max_tokens, gpu)
+    methods = [m.strip() for m in only.split(",") if m.strip()] if only is not None else None
+    result = run_plan(cfg, prompts, max_tokens, gpu, methods=methods)
     out = out or Path(cfg.build.output_dir) / cfg.name
     atomic_write_text(out / "plan.json", json.dumps(result, indent=2))
     write_plot(result, out / "plan.png")
@@ -259,6 +267,9 @@ def plan(
             speedups = [f"{row['predicted_speedup'][b]:.2f}x" for b in result["best_by_batch"]]
             methods.add_row(row["method"], f"{row['tokens_per_step']:.2f}", *speedups)
         console.print(methods)
+        if chose := result["methods"]["chosen"].get("self-draft"):
+            rates = ", ".join(f"{a:.2f}" for a in chose["acceptance_by_layers"])
+            console.print(f"self-draft: acceptance of the first 1, 2, ... layers {rates}; ran {len(chose['layers'])}")
         best = result["recommended_method"]
         console.print(
             f"recommended method: {best['method']} (predicted {best['predicted_speedup']['1']:.2f}x at batch 1)"

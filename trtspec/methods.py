@@ -1,11 +1,15 @@
 """Which speculative method pays on this pair and this traffic: every method the pair supports, measured.
 
-A method is a torch-runner drafter (the configured mode, n-gram lookup, which needs nothing, and MTP where
-the target carries MTP layers) drafting a chain of K or a token tree. Each is run at batch 1 on the user's
-prompts: tokens per target pass and seconds per step (draft and verify apart) are measured together, so
-the batch-1 prediction is tokens/step x t_plain / t_step. Larger batches scale the verify part by the
-target's forward time at that batch and width and the draft part by the drafter's (a draft model's
-forward, one lookup per row for n-gram, heads and MTP layers as the target's single-token pass).
+A method is a torch-runner drafter (the configured mode; n-gram lookup and the target drafting for
+itself, which need nothing; MTP where the target carries MTP layers) drafting a chain of K or a tree.
+The self-draft's layers are chosen first, by the acceptance each prefix of the target's layers gets on
+the prompts and what it costs (trtspec.speculative.self_draft); its int8 copy runs as chains.
+
+Each is run at batch 1 on the user's prompts: tokens per target pass and seconds per step (draft and
+verify apart) are measured together, so the batch-1 prediction is tokens/step x t_plain / t_step. Larger
+batches scale the verify part by the target's forward time at that batch and width and the draft part
+by the drafter's (a draft model's forward, one lookup per row for n-gram, heads and MTP layers as the
+target's single-token pass).
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ class Method:
     mode: str
     k: int  # drafts per step for a chain; the tree's depth for a tree
     tree: TreeShape | None = None
+    settings: tuple[tuple[str, Any], ...] = ()  # the mode's section, where the method sets it
 
     @property
     def label(self) -> str:
-        return f"{self.mode} tree {self.tree}" if self.tree else f"{self.mode} K={self.k}"
+        name = self.mode + "".join(f" {_setting(k, v)}" for k, v in self.settings)
+        return f"{name} tree {self.tree}" if self.tree else f"{name} K={self.k}"
 
     @property
     def verify_width(self) -> int:
@@ -46,16 +52,50 @@ class Method:
         return 1 + draft_slots(self.k, self.tree)
 
 
-def candidates(cfg: DeploymentConfig, target: Transformer) -> list[Method]:
-    """The configured mode, then what needs nothing more than the pair: n-gram, and MTP if the target has it."""
-    modes = [cfg.mode]
-    modes += [m for m in ("ngram", "mtp") if m != cfg.mode and (m != "mtp" or target.dims.num_mtp_layers)]
+def _setting(key: str, value: Any) -> str:
+    if key == "layers":
+        return f"layers {value[0]}-{value[-1]}" if len(value) > 1 else f"layer {value[0]}"
+    return str(value)
+
+
+def method_modes(cfg: DeploymentConfig, target: Transformer, only: list[str] | None = None) -> list[str]:
+    """The configured mode, then what needs nothing more than the pair: n-gram, the target drafting for
+    itself (when it has layers to skip), and MTP if the target has it; of those, the ones in `only`."""
+    extra = ["ngram"]
+    extra += ["self-draft"] if target.dims.num_layers > 1 else []
+    extra += ["mtp"] if target.dims.num_mtp_layers else []
+    modes = [cfg.mode, *(m for m in extra if m != cfg.mode)]
+    if only is None:
+        return modes
+    unknown = [m for m in only if m not in modes]
+    if unknown or not only:
+        raise UsageError(f"--methods {', '.join(unknown) or '(none)'}: this pair's methods are {', '.join(modes)}")
+    return [m for m in modes if m in only]
+
+
+def candidates(mode: str, settings: list[tuple[tuple[str, Any], ...]]) -> list[Method]:
+    """Every chain length and tree shape of `mode` under each of its settings."""
     out = []
-    for mode in modes:
-        out += [Method(mode, k) for k in CHAIN_KS]
-        if REGISTRY[mode].runner_trees:
-            out += [Method(mode, shape.depth, shape) for shape in map(TreeShape.parse, TREES)]
+    for s in settings:
+        out += [Method(mode, k, settings=s) for k in CHAIN_KS]
+        if REGISTRY[mode].runner_trees and dict(s).get("weights") != "int8":  # int8 pays by acceptance: chains
+            out += [Method(mode, shape.depth, shape, s) for shape in map(TreeShape.parse, TREES)]
     return out
+
+
+def self_draft_settings(
+    target: Transformer, prompts: list[list[int]], sampling: SamplingParams, forward_seconds
+) -> tuple[list[tuple[tuple[str, Any], ...]], dict[str, Any]]:
+    """The self-draft variants worth running: the prefix of layers the cost model rates best from its
+    measured acceptance and cost, and the int8 copy of every layer; and what chose them."""
+    from trtspec.speculative.self_draft import best_prefix, prefix_acceptance, self_draft_model
+
+    acceptance = prefix_acceptance(target, prompts, sampling)
+    whole = forward_seconds(target, 1, 1)
+    cost = [forward_seconds(self_draft_model(target, range(n)), 1, 1) / whole for n in range(1, target.dims.num_layers)]
+    layers = list(range(best_prefix(acceptance, cost)))
+    chosen = [(("layers", layers),), (("weights", "int8"),)]
+    return chosen, {"acceptance_by_layers": acceptance, "cost_by_layers": cost, "layers": layers}
 
 
 def run_prompts(runner: SpeculativeRunner, prompts: list[list[int]], params: GenerationParams) -> dict[str, float]:
@@ -81,8 +121,10 @@ def compare_methods(
     max_tokens: int,
     sampling: SamplingParams,
     batches: list[int],
+    modes: list[str],
 ) -> dict[str, Any]:
-    """Every candidate measured on `prompts`, with predicted speedups per batch size and the best at batch 1."""
+    """Every candidate of `modes` (method_modes) measured on `prompts`, with predicted speedups per batch
+    size and the best at batch 1."""
     from trtspec.plan import forward_seconds
 
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0)
@@ -121,7 +163,7 @@ def compare_methods(
             draft_path if spec.needs_draft else None,
             num_draft_tokens=method.k,
             **where,
-            settings=mode_settings(cfg, method.mode) if method.mode == cfg.mode else None,
+            settings=dict(method.settings) or (mode_settings(cfg, method.mode) if method.mode == cfg.mode else None),
             tree=method.tree,
         )
         m = run_prompts(runner, prompts, params)
@@ -138,20 +180,26 @@ def compare_methods(
             "mode": method.mode,
             "k": method.k,
             "tree": str(method.tree) if method.tree else None,
+            "settings": dict(method.settings),
             "tokens_per_step": tokens_per_step,
             "step_ms": 1000 * step_s,
             "draft_ms": 1000 * draft_s,
             "predicted_speedup": by_batch,
         }
 
-    methods = candidates(cfg, target)
+    methods, chose = [], {}
+    for mode in modes:
+        settings: list[tuple[tuple[str, Any], ...]] = [()]
+        if mode == "self-draft" and mode != cfg.mode:
+            settings, chose["self-draft"] = self_draft_settings(target, prompts, sampling, forward_seconds)
+        methods += candidates(mode, settings)
     rows = [measure(method) for method in methods]
     leaders = sorted(range(len(rows)), key=lambda i: -rows[i]["predicted_speedup"]["1"])[:CONFIRM]
     plain_s = plain_seconds()  # the confirming round's own baseline
     for i in leaders:
         rows[i] = {**measure(methods[i]), "confirmed": True}
     best = max((rows[i] for i in leaders), key=lambda r: r["predicted_speedup"]["1"])
-    return {"plain_ms_per_token": 1000 * plain_s, "rows": rows, "recommended": best}
+    return {"plain_ms_per_token": 1000 * plain_s, "rows": rows, "recommended": best, "chosen": chose}
 
 
 def _draft_scale(runner: SpeculativeRunner, batch: int, method: Method, forward_seconds) -> float:

@@ -24,7 +24,7 @@ from trtspec.checkpoints.inspect import read_checkpoint
 from trtspec.checkpoints.memory import model_memory
 from trtspec.config import DeploymentConfig
 from trtspec.errors import UsageError
-from trtspec.methods import compare_methods
+from trtspec.methods import compare_methods, method_modes
 from trtspec.modes import get_mode
 from trtspec.prompts import Prompt
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
@@ -247,13 +247,20 @@ def _local(cfg: DeploymentConfig, field: str) -> Path:
 
 
 def run_plan(
-    cfg: DeploymentConfig, prompts: list[Prompt], max_tokens: int, gpu: str | None = None, max_prompt_tokens: int = 256
+    cfg: DeploymentConfig,
+    prompts: list[Prompt],
+    max_tokens: int,
+    gpu: str | None = None,
+    max_prompt_tokens: int = 256,
+    methods: list[str] | None = None,
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     if not get_mode(cfg.mode).speculates():
         raise UsageError("speculation.mode is none: there is nothing to plan")
     runner_mode(cfg.mode)  # acceptance is measured with the torch runner: refuse a mode it lacks first
+    if methods is not None and cfg.build.backend != "torch":
+        raise UsageError(f"--methods compares the torch runner's methods; backend {cfg.build.backend} plans its mode")
     target_path = _local(cfg, "target")
     draft_path = _local(cfg, "draft") if get_mode(cfg.mode).needs_draft else None
     max_len = max_prompt_tokens + max_tokens + PROBE_K + 8
@@ -266,6 +273,7 @@ def run_plan(
         max_len=max_len,
         settings=mode_settings(cfg),
     )
+    modes = method_modes(cfg, runner.target, methods)  # an unknown --methods is refused before measuring
     tokenizer = AutoTokenizer.from_pretrained(str(target_path))
     s = cfg.speculation.sampling
     sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
@@ -277,11 +285,11 @@ def run_plan(
         costs = local_costs(runner, plain, acc, calibration, batches, min(max_tokens, 64), sampling)
         where = "measured on this machine (torch runner)"
         ids = [tokenizer(p.text).input_ids[-max_prompt_tokens:] for p in prompts]
-        methods = compare_methods(
-            cfg, target_path, draft_path, runner.target, ids, min(max_tokens, 64), sampling, batches
+        compared = compare_methods(
+            cfg, target_path, draft_path, runner.target, ids, min(max_tokens, 64), sampling, batches, modes
         )
     else:
-        methods = None  # measured methods are the torch runner's: a GPU deployment plans its configured mode
+        compared = None  # measured methods are the torch runner's: a GPU deployment plans its configured mode
         gpu = gpu or next((n for n, g in GPUS.items() if g["memory_gb"] == cfg.build.gpu_memory_gb), "h100")
         costs = gpu_costs(cfg, gpu, acc.probe_k, batches, context=cfg.build.max_input_len)
         where = f"estimated for {gpu} from parameter and KV bytes (memory-bandwidth roofline)"
@@ -309,8 +317,8 @@ def run_plan(
         "max_concurrency_hint": (
             prediction["stops_paying_at_batch"] // 2 if prediction["stops_paying_at_batch"] else None
         ),
-        "methods": methods,
-        "recommended_method": methods["recommended"] if methods else None,
+        "methods": compared,
+        "recommended_method": compared["recommended"] if compared else None,
     }
 
 

@@ -12,9 +12,20 @@ from trtspec.modes.medusa import Medusa
 from trtspec.modes.mtp import MTP
 from trtspec.modes.ngram import NGram
 from trtspec.modes.none import NoSpeculation
+from trtspec.modes.self_draft import SelfDraft
 
 # the order `trtspec init --help`, the README's support table and the docs list them in
-MODES: tuple[SpecMode, ...] = (DraftTarget(), Eagle3(), MTP(), NGram(), Auto(), Medusa(), Lookahead(), NoSpeculation())
+MODES: tuple[SpecMode, ...] = (
+    DraftTarget(),
+    Eagle3(),
+    MTP(),
+    NGram(),
+    Auto(),
+    Medusa(),
+    SelfDraft(),
+    Lookahead(),
+    NoSpeculation(),
+)
 REGISTRY: dict[str, SpecMode] = {m.name: m for m in MODES}
 MODE_NAMES: tuple[str, ...] = tuple(REGISTRY)
 # what the torch runner can run (`generate --mode`, the bench)

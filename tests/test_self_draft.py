@@ -1,0 +1,112 @@
+"""The target drafting for itself: a prefix of its layers, or its weights in int8."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_checkpoint
+
+from trtspec.errors import UsageError
+from trtspec.speculative.drafters import DraftModelDrafter
+from trtspec.speculative.factory import load_runner
+from trtspec.speculative.model import load_transformer
+from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+from trtspec.speculative.self_draft import Int8Linear, self_draft_model
+from trtspec.speculative.tree import TreeShape
+
+PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13]]
+GREEDY = GenerationParams(max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def target_path(tmp_path_factory):
+    root = tmp_path_factory.mktemp("self")
+    return make_checkpoint(root / "t", vocab=50, hidden=32, layers=3, heads=4, kv_heads=2, seed=5)
+
+
+@pytest.fixture(scope="module")
+def target(target_path):
+    return load_transformer(target_path)
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return [g.tokens for g in SpeculativeRunner(target).generate(PROMPTS, GREEDY)]
+
+
+@torch.inference_mode()
+def test_the_layer_subset_is_the_target_with_those_layers_only(target):
+    """Same tensors, not copies; its logits are the target's embedding, those blocks, norm and head."""
+    draft = self_draft_model(target, [0, 2])
+    assert draft.layers[1] is target.layers[2] and draft.lm_head is target.lm_head
+    x = torch.tensor([[4, 8, 15, 16, 23]])
+    pos = torch.arange(5)[None]
+    cache = target.new_cache(1, 8)
+    h = target.embed_tokens(x)
+    cos, sin, mask, kv_len = target._attention_inputs(pos, cache)
+    for i in (0, 2):
+        h = target.layers[i](h, cos, sin, cache, i, pos, mask, kv_len)
+    expected = target.lm_head(target.norm(h))
+    assert torch.allclose(draft(x, pos, draft.new_cache(1, 8)).logits, expected, atol=1e-6)
+    whole = target(x, pos, target.new_cache(1, 8)).logits
+    assert not torch.allclose(whole, expected, atol=1e-3), "skipping a layer changed nothing: the test is void"
+
+
+@torch.inference_mode()
+def test_int8_rows_round_trip_within_half_a_step_and_leave_the_target_alone(target):
+    linear = target.layers[0].gate_up
+    before = linear.weight.clone()
+    q = Int8Linear(linear)
+    assert q.weight.dtype == torch.int8
+    step = linear.weight.abs().amax(1, keepdim=True) / 127
+    assert ((q.weight.float() * q.scale[:, None] - linear.weight).abs() <= step / 2 + 1e-7).all()
+    x = torch.randn(3, linear.in_features)
+    assert torch.allclose(q(x), x @ linear.weight.T, atol=0.05 * (x @ linear.weight.T).abs().max())
+    int8 = self_draft_model(target, [0, 1, 2], "int8")
+    assert isinstance(int8.layers[0].gate_up, Int8Linear) and isinstance(int8.lm_head, Int8Linear)
+    assert torch.equal(linear.weight, before) and isinstance(target.lm_head, torch.nn.Linear)
+
+
+@pytest.mark.parametrize(
+    "settings,tree",
+    [({"layers": [0]}, None), ({"layers": [0, 1]}, "3x2"), ({"weights": "int8"}, None), ({"weights": "int8"}, "2x2")],
+)
+def test_greedy_self_drafting_is_plain_decoding(target_path, target, plain, settings, tree):
+    runner = load_runner(
+        target_path,
+        "self-draft",
+        target=target,
+        settings=settings,
+        num_draft_tokens=3,
+        tree=TreeShape.parse(tree) if tree else None,
+    )
+    out = runner.generate(PROMPTS, GREEDY)
+    assert [g.tokens for g in out] == plain
+    assert isinstance(runner.drafter, DraftModelDrafter)
+
+
+def test_the_int8_copy_agrees_more_than_a_layer_prefix(target_path, target):
+    """What makes a quantized self-draft worth measuring: acceptance near one."""
+
+    def acceptance(settings) -> float:
+        runner = load_runner(target_path, "self-draft", target=target, settings=settings, num_draft_tokens=3)
+        out = runner.generate(PROMPTS, GREEDY)
+        return sum(g.stats.accepted_tokens for g in out) / sum(g.stats.draft_tokens for g in out)
+
+    assert acceptance({"weights": "int8"}) > 0.9
+    assert acceptance({"weights": "int8"}) > acceptance({"layers": [0]})
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"layers": [0, 1, 2]}, "is the target itself"),
+        ({"layers": [1, 0]}, "distinct and ascending"),
+        ({"layers": [0, 3]}, "not all among the target's layers 0..2"),
+        ({"layers": []}, "at least one layer"),
+    ],
+)
+def test_bad_layer_sets_are_refused_in_one_line(target_path, target, settings, message):
+    with pytest.raises(UsageError, match=message) as err:
+        load_runner(target_path, "self-draft", target=target, settings=settings)
+    assert "\n" not in str(err.value)

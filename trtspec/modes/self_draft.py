@@ -1,0 +1,71 @@
+"""Self-drafting: the target drafts for itself with some of its layers (self-speculation) or with its
+own weights in int8 (a quantized self-draft). Nothing to train and no second checkpoint.
+
+TensorRT-LLM has no mode of this name: the same draft is a draft-target pair whose draft checkpoint is
+the target cut to those layers (a Llama checkpoint with fewer `num_hidden_layers`), or the target built
+with `--use_weight_only --weight_only_precision int8` as the draft engine. In trtspec it is a torch-runner
+method (generate, plan, bench), not built or served on backend torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from trtspec.config_types import Int, Section
+from trtspec.families import TORCH_RUNNER_FAMILIES
+from trtspec.modes.base import SpecMode, Support
+
+if TYPE_CHECKING:
+    from trtspec.speculative.drafters import Drafter
+    from trtspec.speculative.model import Transformer
+
+NOT_A_MODE = "no mode of its own: a draft-target pair whose draft is the target's layers (or its int8 engine)"
+
+
+class SelfDraftSection(Section):
+    """Which of the target's layers draft, and in which weights (trtspec.modes.self_draft)."""
+
+    layers: list[Annotated[Int, Field(ge=0)]] | None = Field(
+        default=None,
+        description="target layers the draft runs, ascending (default: the first half; `trtspec plan` measures each)",
+    )
+    weights: Literal["same", "int8"] = Field(
+        default="same", description="the target's weights, or an int8 weight-only copy (a quantized self-draft)"
+    )
+
+
+class SelfDraft(SpecMode):
+    name: ClassVar[str] = "self-draft"
+    support: ClassVar[tuple[Support, ...]] = (
+        Support("self-draft", "tensorrt", (), None, (), note=NOT_A_MODE),
+        Support("self-draft", "pytorch", (), None, (), note=NOT_A_MODE),
+        Support(
+            "self-draft",
+            "torch",
+            None,
+            None,
+            TORCH_RUNNER_FAMILIES,
+            note="trtspec runner only (generate, plan, bench): the target's first layers, or its int8 copy",
+        ),
+    )
+    in_target: ClassVar[bool] = True
+    refuses_draft: ClassVar[bool] = True
+    section: ClassVar[str | None] = "self_draft"
+    settings_model: ClassVar[type[Section] | None] = SelfDraftSection
+    runner_trees: ClassVar[bool] = True
+    torch_deploys: ClassVar[bool] = False  # served models read TensorRT-LLM's speculative_config: no such mode
+
+    def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
+        from trtspec.errors import UsageError
+        from trtspec.speculative.drafters import DraftModelDrafter
+        from trtspec.speculative.self_draft import default_layers, layers_problem, self_draft_model
+
+        weights = settings.get("weights") or "same"
+        layers = settings.get("layers")
+        if layers is None:
+            layers = default_layers(target.dims.num_layers) if weights == "same" else range(target.dims.num_layers)
+        if problem := layers_problem(list(layers), target.dims.num_layers, weights):
+            raise UsageError(f"self_draft.layers {problem}")
+        return DraftModelDrafter(self_draft_model(target, list(layers), weights))

@@ -1,0 +1,125 @@
+"""The target as its own drafter: a subset of its layers (self-speculation), or its weights in int8.
+
+Self-speculation (Draft & Verify, Zhang et al. 2023; LayerSkip, Elhoushi et al. 2024) drafts with the
+target's embedding, some of its decoder layers, its final norm and its head, so there is nothing to
+train and no second tokenizer: the draft shares the target's tensors and only keeps a KV cache of its
+own (for the layers it runs). Which layers pay is an empirical question: `choose_layers` measures, on
+the user's prompts, how often each prefix of the layers agrees with the whole model and what it costs.
+
+A quantized self-draft runs every layer with int8 weight-only matrices (per output row scales, as
+TensorRT-LLM's `--use_weight_only --weight_only_precision int8` stores them): acceptance stays near
+one, and the draft is as cheap as its bytes are few, which pays where decoding is memory-bound (a GPU)
+and not on a CPU whose caches hold the whole tiny model.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trtspec.speculative.cost_model import expected_tokens_per_step_positional
+from trtspec.speculative.model import Transformer
+from trtspec.speculative.requests import SamplingParams
+from trtspec.speculative.sampling import probs_from_logits
+
+WEIGHTS = ("same", "int8")  # the draft's copy of the target's matrices
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T with W stored as int8 rows and one scale per row (symmetric, round to nearest)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(linear.weight.dtype))
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight.to(x.dtype)) * self.scale
+        return y if self.bias is None else y + self.bias
+
+
+def _int8(module: nn.Module) -> nn.Module:
+    """A copy of `module` whose linear layers hold int8 weights; the original is untouched."""
+    if isinstance(module, nn.Linear):
+        return Int8Linear(module)
+    module = copy.deepcopy(module)
+    for name, child in list(module.named_children()):
+        setattr(module, name, _int8(child))
+    return module
+
+
+def default_layers(num_layers: int) -> list[int]:
+    """The first half of the layers: LayerSkip's early exit at the middle, before any measurement."""
+    return list(range(max(1, num_layers // 2)))
+
+
+def layers_problem(layers: Sequence[int], num_layers: int, weights: str) -> str | None:
+    """Why these layers cannot draft for a target of `num_layers` layers (None: they can)."""
+    if not layers:
+        return "needs at least one layer"
+    if list(layers) != sorted(set(layers)):
+        return f"{list(layers)} must be distinct and ascending (the order the target runs them)"
+    if layers[0] < 0 or layers[-1] >= num_layers:
+        return f"{list(layers)} are not all among the target's layers 0..{num_layers - 1}"
+    if weights == "same" and len(layers) == num_layers:
+        return "every layer with the same weights is the target itself: skip some layers or set weights: int8"
+    return None
+
+
+def self_draft_model(target: Transformer, layers: Sequence[int], weights: str = "same") -> Transformer:
+    """A Transformer over `layers` of `target` that shares its tensors (copies them as int8 with `weights`)."""
+    dims = replace(target.dims, num_layers=len(layers), num_mtp_layers=0)
+    with torch.device("meta"):
+        model = Transformer(dims, target.rope_cos, target.rope_sin)
+    quantize = _int8 if weights == "int8" else (lambda m: m)
+    model.embed_tokens = target.embed_tokens  # a lookup: nothing to gain from int8
+    model.layers = nn.ModuleList(quantize(target.layers[i]) for i in layers)
+    model.norm = target.norm
+    model.lm_head = quantize(target.lm_head)
+    model.mtp = nn.ModuleList()
+    model.rope_cos, model.rope_sin = target.rope_cos, target.rope_sin
+    return model.eval().requires_grad_(False)
+
+
+@torch.inference_mode()
+def prefix_acceptance(target: Transformer, prompts: list[list[int]], sampling: SamplingParams) -> list[float]:
+    """For L = 1 .. layers-1, the acceptance a draft of the first L layers gets on these prompts.
+
+    One target pass per prompt gives every prefix's hidden states; at each position the chance a draft
+    token is accepted is sum_v min(p, q) (Leviathan et al.), with p the target's processed distribution
+    and q the prefix's (at temperature 0, whether their argmaxes agree)."""
+    n = target.dims.num_layers
+    agree, count = torch.zeros(n - 1, dtype=torch.float64), 0
+    for ids in prompts:
+        x = torch.tensor([ids], device=target.embed_tokens.weight.device)
+        pos = torch.arange(len(ids), device=x.device)[None]
+        cache = target.new_cache(1, len(ids))
+        cos, sin, mask, kv_len = target._attention_inputs(pos, cache)
+        h, heads = target.embed_tokens(x), []
+        for i, layer in enumerate(target.layers):
+            h = layer(h, cos, sin, cache, i, pos, mask, kv_len)
+            heads.append(probs_from_logits(target.lm_head(target.norm(h)), sampling)[0])
+        p = heads[-1]
+        for depth, q in enumerate(heads[:-1]):
+            agree[depth] += torch.minimum(p, q).sum().item()
+        count += len(ids)
+    return (agree / max(count, 1)).tolist()
+
+
+def best_prefix(acceptance: list[float], cost: list[float], max_k: int = 4) -> int:
+    """The number of first layers whose chain of up to `max_k` drafts the cost model rates fastest: tokens
+    per step over K draft passes of relative cost c plus one target pass."""
+
+    def speedup(layers: int) -> float:
+        a, c = acceptance[layers - 1], cost[layers - 1]
+        return max(expected_tokens_per_step_positional([a] * k) / (k * c + 1) for k in range(1, max_k + 1))
+
+    return max(range(1, len(acceptance) + 1), key=speedup)
