@@ -30,7 +30,11 @@ from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
 from trtspec.modes import get_mode
 from trtspec.plan import forward_seconds, median_seconds
-from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
+from trtspec.speculative.cost_model import (
+    cascade_draft_passes,
+    conditional_rates,
+    expected_tokens_per_step_positional,
+)
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.heads import load_heads
 from trtspec.speculative.model import Transformer, load_transformer
@@ -57,6 +61,7 @@ def methods_to_run(args, self_layers: list[int]) -> list[Run]:
         ("medusa", args.medusa_k, {}, True),
         ("self-draft", args.self_k, {"layers": self_layers}, True),
         ("self-draft", args.int8_k, {"weights": "int8"}, False),
+        ("draft-target", args.cascade_k, {"cascade": "ngram"}, False),
     ):
         out += [(mode, int(k), None, settings) for k in ks.split(",")]
         if with_trees and get_mode(mode).runner_trees:
@@ -67,6 +72,7 @@ def methods_to_run(args, self_layers: list[int]) -> list[Run]:
 def label(mode: str, tree: TreeShape | None, settings: dict) -> str:
     name = mode + (f" L{len(settings['layers'])}" if "layers" in settings else "")
     name += " int8" if settings.get("weights") == "int8" else ""
+    name += " cascade" if settings.get("cascade") else ""
     return f"{name} {tree}" if tree else name
 
 
@@ -114,8 +120,15 @@ def step_costs(
     }
 
 
-def drafting_cost(mode: str, k: int, tree: TreeShape | None, settings: dict, costs: dict) -> float:
-    """Draft cost of one step in target steps, from the per-call costs."""
+def drafting_cost(mode: str, k: int, tree: TreeShape | None, settings: dict, costs: dict, drafter=None) -> float:
+    """Draft cost of one step in target steps, from the per-call costs (a cascade's passes from the cost
+    model and the shares of its drafts that came from the pass over guesses)."""
+    if settings.get("cascade"):
+        c, rows = costs["c_draft"], max(drafter.rows[1], 1)
+        with_guesses = drafter.rows[1] / max(drafter.rows[0], 1)
+        shares = [1.0] + [drafter.usable[j] / rows if j < len(drafter.usable) else 0.0 for j in range(2, k)]
+        passes = cascade_draft_passes(k, with_guesses, shares)
+        return c[1] * (passes - with_guesses) + with_guesses * c[max(k - 1, 1)]
     if mode in ("draft-target", "self-draft"):
         c = costs["c_draft"] if mode == "draft-target" else costs["c_self"][label(mode, None, settings)]
         return c[1] + (tree.depth - 1) * c[tree.width] if tree else k * c[1]
@@ -185,6 +198,7 @@ def main() -> int:
     ap.add_argument("--medusa-k", default="1,2", help="chains up to the shipped heads (2)")
     ap.add_argument("--self-k", default="1,2,3,4", help="chains of the self-draft over the layers plan's rule picks")
     ap.add_argument("--int8-k", default="1,2,3,4", help="chains of the target's int8 copy")
+    ap.add_argument("--cascade-k", default="2,3,4,6", help="chains of the draft model sped up by n-gram guesses")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--trees", default="2x2,3x2,3x3,4x2,4x3,4x4", help="tree shapes for the drafters that make trees")
     ap.add_argument("--threads", type=int, default=2)
@@ -204,6 +218,7 @@ def main() -> int:
     self_layers = list(range(best_prefix(acceptance, by_layers)))
     methods = methods_to_run(args, self_layers)
     widths = {1} | {1 + (t.nodes if t else k) for _, k, t, _ in methods} | {t.width for _, _, t, _ in methods if t}
+    widths |= {max(k - 1, 1) for _, k, _, s in methods if s.get("cascade")}
     heads = load_heads(MEDUSA)
     self_drafts = {
         label("self-draft", None, s): load_runner(TARGET, "self-draft", target=target, settings=s).drafter.model
@@ -213,12 +228,12 @@ def main() -> int:
     costs["self_draft_choice"] = {"acceptance_by_layers": acceptance, "cost_by_layers": by_layers}
     rows: list[dict] = []
 
-    def record(mode: str, k: int, tree: TreeShape | None, settings: dict, res: dict) -> None:
+    def record(mode: str, k: int, tree: TreeShape | None, settings: dict, res: dict, drafter) -> None:
         name = label(mode, tree, settings)
         row = {"engine": "trtspec", "mode": mode, "method": name, "k": k, "tree": str(tree) if tree else None}
         row.update({x: y for x, y in res.items() if x != "outputs"})
         if k:
-            d, v = drafting_cost(mode, k, tree, settings, costs), costs["v"][1 + (tree.nodes if tree else k)]
+            d, v = drafting_cost(mode, k, tree, settings, costs, drafter), costs["v"][1 + (tree.nodes if tree else k)]
             bound = expected_tokens_per_step_positional(res["acceptance_per_position"]) / (d + v)
             row.update(draft_cost=d, v=v, bound=bound)
         rows.append(row)
@@ -240,10 +255,10 @@ def main() -> int:
                 best[i] = res
     plain = best[0]
     exact = {}
-    for (mode, k, tree, settings), res in zip(runs, best, strict=True):
+    for (mode, k, tree, settings), res, runner in zip(runs, best, runners, strict=True):
         if k:
             exact[f"{label(mode, None, settings)}/{tree or k}"] = res["outputs"] == plain["outputs"]
-        record(mode, k, tree, settings, res)
+        record(mode, k, tree, settings, res, runner.drafter)
 
     hf_target = LlamaForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(DRAFT, dtype=torch.float32).eval()

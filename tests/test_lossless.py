@@ -19,7 +19,7 @@ from scipy import stats
 from tiny_models import make_checkpoint
 
 from trtspec.speculative import batch
-from trtspec.speculative.drafters import DraftModelDrafter, MedusaDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.drafters import CascadeDrafter, DraftModelDrafter, MedusaDrafter, MTPDrafter, NgramDrafter
 from trtspec.speculative.heads import MedusaHeads
 from trtspec.speculative.model import load_transformer
 from trtspec.speculative.planted import PLANTED
@@ -85,7 +85,9 @@ def run(target, drafter, params: SamplingParams, k: int = 3, seed: int = 0, runn
 
 
 @pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
-@pytest.mark.parametrize("mode", ["draft-target", "mtp", "ngram", "medusa", "self-draft", "self-draft-int8"])
+@pytest.mark.parametrize(
+    "mode", ["draft-target", "mtp", "ngram", "medusa", "self-draft", "self-draft-int8", "draft-target-cascade"]
+)
 def test_speculative_samples_follow_the_target_exactly(models, mode, params):
     target, draft = models
     drafter = {
@@ -95,6 +97,7 @@ def test_speculative_samples_follow_the_target_exactly(models, mode, params):
         "medusa": lambda: MedusaDrafter(medusa_heads(target)),
         "self-draft": lambda: DraftModelDrafter(self_draft_model(target, [0])),
         "self-draft-int8": lambda: DraftModelDrafter(self_draft_model(target, [0], "int8")),
+        "draft-target-cascade": lambda: CascadeDrafter(draft, NgramDrafter()),
     }[mode]()
     samples, acceptance = run(target, drafter, params)
     stat, p = chi_square(samples, exact_joint(target, params))

@@ -142,8 +142,8 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
     prefix = f"self-draft layer {chose['layers'][0]}" if len(chose["layers"]) == 1 else None
     prefix = prefix or f"self-draft layers 0-{chose['layers'][-1]}"
     assert {"draft-target K=1", "draft-target tree 3x3", f"{prefix} K=2", f"{prefix} tree 2x2"} <= set(rows)
-    assert {"self-draft int8 K=1", "self-draft int8 K=4"} <= set(rows)
-    assert not any("int8" in label and r["tree"] for label, r in rows.items())
+    assert {"self-draft int8 K=1", "self-draft int8 K=4", "draft-target cascade ngram K=3"} <= set(rows)
+    assert not any(("int8" in label or "cascade" in label) and r["tree"] for label, r in rows.items())
     assert {r["mode"] for r in rows.values()} == {"draft-target", "self-draft"}
     assert all(1.0 <= r["tokens_per_step"] <= 1 + (4 if r["tree"] else r["k"]) for r in rows.values())
     assert all(set(r["predicted_speedup"]) == {"1", "2", "4"} for r in rows.values())

@@ -55,7 +55,7 @@ class Method:
 def _setting(key: str, value: Any) -> str:
     if key == "layers":
         return f"layers {value[0]}-{value[-1]}" if len(value) > 1 else f"layer {value[0]}"
-    return str(value)
+    return f"cascade {value}" if key == "cascade" else str(value)
 
 
 def method_modes(cfg: DeploymentConfig, target: Transformer, only: list[str] | None = None) -> list[str]:
@@ -74,11 +74,13 @@ def method_modes(cfg: DeploymentConfig, target: Transformer, only: list[str] | N
 
 
 def candidates(mode: str, settings: list[tuple[tuple[str, Any], ...]]) -> list[Method]:
-    """Every chain length and tree shape of `mode` under each of its settings."""
+    """Every chain length and tree shape of `mode` under each of its settings; an int8 self-draft pays by
+    its acceptance, so chains only, and a cascade speeds up chains of two drafts or more only."""
     out = []
     for s in settings:
-        out += [Method(mode, k, settings=s) for k in CHAIN_KS]
-        if REGISTRY[mode].runner_trees and dict(s).get("weights") != "int8":  # int8 pays by acceptance: chains
+        ks = [k for k in CHAIN_KS if k > 1] if dict(s).get("cascade") else CHAIN_KS
+        out += [Method(mode, k, settings=s) for k in ks]
+        if REGISTRY[mode].runner_trees and not {"weights", "cascade"} & set(dict(s)):
             out += [Method(mode, shape.depth, shape, s) for shape in map(TreeShape.parse, TREES)]
     return out
 
@@ -192,6 +194,8 @@ def compare_methods(
         settings: list[tuple[tuple[str, Any], ...]] = [()]
         if mode == "self-draft" and mode != cfg.mode:
             settings, chose["self-draft"] = self_draft_settings(target, prompts, sampling, forward_seconds)
+        if mode == "draft-target":  # the draft model alone, and sped up by n-gram guesses (a cascade)
+            settings = [(), (("cascade", "ngram"),)]
         methods += candidates(mode, settings)
     rows = [measure(method) for method in methods]
     leaders = sorted(range(len(rows)), key=lambda i: -rows[i]["predicted_speedup"]["1"])[:CONFIRM]

@@ -132,11 +132,8 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
     from trtspec.build.torch_engine import write_torch_engine
     from trtspec.speculative.factory import resolve_device, resolve_dtype
 
-    if not get_mode(cfg.mode).torch_deploys:
-        raise UsageError(
-            f"mode {cfg.mode} runs in trtspec's torch runner (generate, plan, bench) but is not built or served on "
-            f"backend torch yet; build it for {get_mode(cfg.mode).where()}"
-        )
+    if why := get_mode(cfg.mode).torch_deploy_refusal(cfg):
+        raise UsageError(why)
     device = resolve_device(cfg.build.device)
     steps = []
     for role, section in _roles(cfg):

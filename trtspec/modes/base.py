@@ -98,6 +98,15 @@ class SpecMode:
         """LLM API options the mode sets besides speculative_config."""
         return dict(self.llm_api_extra)
 
+    def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
+        """Why `trtspec build` cannot make a torch engine of this configuration (None: it can)."""
+        if self.torch_deploys:
+            return None
+        return (
+            f"mode {self.name} runs in trtspec's torch runner (generate, plan, bench) but is not built or served on "
+            f"backend torch yet; build it for {self.where()}"
+        )
+
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
         """Drafts per step the mode's own settings fix (None: speculation.num_draft_tokens)."""
         return None

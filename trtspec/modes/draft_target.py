@@ -7,8 +7,11 @@ compute capability >= 8.0, the target built with draft_tokens_external), tensorr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from pydantic import Field
+
+from trtspec.config_types import Section
 from trtspec.families import ENGINE_FAMILIES, TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support, draft_model_key
 from trtspec.versions import at_least, engine_minors, supported_minors
@@ -23,6 +26,15 @@ if TYPE_CHECKING:
 # sends num_draft_tokens 10: an engine built for exactly K refuses that request, so the target gets room
 # for at least this many drafts (a few KB of buffers per sequence) while the BLS default stays K.
 MAX_DRAFT_LEN_HEADROOM = 10
+
+
+class DraftTargetSection(Section):
+    """The draft model's own speed-up, in trtspec's torch runner only (trtspec.modes.draft_target)."""
+
+    cascade: Literal["none", "ngram"] = Field(
+        default="none",
+        description="ngram: n-gram guesses let the draft model run its chain in fewer passes (a vertical cascade)",
+    )
 
 
 class DraftTarget(SpecMode):
@@ -55,6 +67,21 @@ class DraftTarget(SpecMode):
     engine_streams: ClassVar[bool] = False
     llm_api_extra: ClassVar[dict[str, Any]] = {"disable_overlap_scheduler": True}  # two-model speculation does
     runner_trees: ClassVar[bool] = True
+    section: ClassVar[str | None] = "draft_target"
+    settings_model: ClassVar[type[Section] | None] = DraftTargetSection
+
+    def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
+        return {}  # its one setting is the torch runner's and off by default: nothing to write
+
+    def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
+        if self.settings(cfg).cascade != "none" and cfg.build.backend != "torch":
+            return [("draft_target.cascade", "a cascade is the torch runner's; TensorRT-LLM's draft drafts alone")]
+        return []
+
+    def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
+        if self.settings(cfg).cascade != "none":
+            return "draft_target.cascade runs in the torch runner (generate, plan, bench); not built or served yet"
+        return None
 
     def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:
         return max(k, MAX_DRAFT_LEN_HEADROOM)
@@ -84,4 +111,8 @@ class DraftTarget(SpecMode):
                 f"draft vocab_size {draft.dims.vocab_size} != target vocab_size "
                 f"{target.dims.vocab_size}; run `trtspec check` on the pair"
             )
+        if (settings.get("cascade") or "none") == "ngram":
+            from trtspec.speculative.drafters import CascadeDrafter, NgramDrafter
+
+            return CascadeDrafter(draft, NgramDrafter())
         return DraftModelDrafter(draft)

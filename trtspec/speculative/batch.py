@@ -369,8 +369,11 @@ class BatchEngine:
             [s.num_draft_tokens if s.drafts is not None else min(s.num_draft_tokens, k_policy) for s in seqs],
             device=self.device,
         )
-        k_rows = torch.minimum(k_rows, remaining - 1).clamp_min(0)
+        # a step drafts the rows' K even where a row's end leaves room for fewer (those drafts are not counted):
+        # each row then draws as often alone as beside others, so a seeded request's tokens do not depend on
+        # who shares its batch
         k = int(k_rows.max())
+        k_rows = torch.minimum(k_rows, remaining - 1).clamp_min(0)
         n = len(seqs)
         t0 = time.perf_counter()
         drafting = self.drafter is not None and any(s.drafts is None for s in seqs)

@@ -36,3 +36,14 @@ def conditional_rates(drafted: Sequence[int], accepted: Sequence[int]) -> list[f
         rates.append(a / previous)
         previous = a
     return rates
+
+
+def cascade_draft_passes(k: int, with_guesses: float, from_guesses: Sequence[float]) -> float:
+    """Draft passes per step of a cascaded chain of K (trtspec.speculative.drafters.CascadeDrafter).
+
+    Without guesses a chain takes K passes. With them: the pass that draws the first draft, one pass over
+    the guesses, and one more for each later draft whose guesses before it were not all drawn;
+    `from_guesses[j]` is the share of rows with guesses whose draft j+1 came from that pass (1 for
+    j = 0), `with_guesses` the share of rows that had any guess."""
+    cascaded = 2 + sum(1 - share for share in from_guesses[1 : k - 1])
+    return with_guesses * cascaded + (1 - with_guesses) * k

@@ -190,6 +190,75 @@ class DraftModelDrafter(Drafter):
         self.valid[slots.index] = torch.minimum(old_lengths, state.lengths[slots.index] - 1)
 
 
+class CascadeDrafter(DraftModelDrafter):
+    """A draft model whose own chain is sped up by n-gram lookup (a vertical cascade, Chen et al. 2023).
+
+    After its first draft, the model runs once over the n-gram guesses for the rest of its chain; while
+    its own draws equal the guesses, that pass already holds its next distributions, and a row falls back
+    to one pass per draft from its first miss. Every draft is still drawn from the draft model's q at its
+    position, once per position and row, so the target's verification is unchanged and lossless, and a
+    seeded row draws the same tokens whatever shares its batch. Trees are drafted as the draft model's.
+    """
+
+    def __init__(self, model: Transformer, lookup: NgramDrafter) -> None:
+        super().__init__(model)
+        self.lookup = lookup
+        self.passes = [0, 0]  # draft passes and steps, for the cost model
+        self.rows = [0, 0]  # rows drafted, and of those with a pass over guesses
+        self.usable: list[int] = []  # [j]: rows whose draft j came from the pass over guesses
+
+    def _guesses(self, state: BatchState, slots: Slots, first: torch.Tensor, k: int) -> tuple[torch.Tensor, list[int]]:
+        """Up to k-2 n-gram guesses per row for the drafts after the first (they feed the draft's pass)."""
+        rows = slots.index.tolist()
+        guesses = torch.zeros(len(rows), max(k - 2, 0), dtype=torch.long)
+        counts = []
+        for b, slot in enumerate(rows):
+            seq = [*state.tokens[slot, : int(state.lengths[slot])].tolist(), int(first[b])]
+            found = self.lookup.lookup(seq, k - 2, self.lookup.ngram_size(len(rows))) if k > 2 else []
+            guesses[b, : len(found)] = torch.tensor(found, dtype=torch.long)
+            counts.append(len(found))
+        return guesses.to(first.device), counts
+
+    def propose(self, state: BatchState, k: int, slots: Slots) -> Proposal:
+        lengths = state.lengths[slots.index]
+        d, q = self.draw(self._catch_up(state, slots), state)
+        drafts, probs, passes = [d], [q], 1
+        guesses, counts = self._guesses(state, slots, d, k)
+        width = max(counts, default=0)
+        ahead = None
+        if k > 1 and width:  # one pass over the first draft and the guesses after it
+            tokens = torch.cat([d[:, None], guesses[:, :width]], 1)
+            pos = lengths[:, None] + torch.arange(width + 1, device=lengths.device)[None]
+            ahead = self.model(tokens, pos, self.cache, slots=slots).logits  # [B, width + 1, V]
+            passes += 1
+        # ok: the row's drafts so far are the guesses, so the pass's column j-1 is its distribution for draft j
+        ok = torch.full((len(lengths),), ahead is not None, dtype=torch.bool, device=lengths.device)
+        offered_upto = torch.tensor(counts, device=lengths.device)
+        for j in range(1, k):  # draft j (0-based) from the distribution after draft j-1
+            usable = ok
+            self.usable += [0] * (j + 1 - len(self.usable))
+            self.usable[j] += int(usable.sum())
+            logits = torch.empty(len(lengths), self.model.dims.vocab_size, device=lengths.device)
+            if bool(usable.any()):
+                logits[usable] = ahead[usable, j - 1]
+            if bool((~usable).any()):
+                miss = (~usable).nonzero().squeeze(1)
+                sub = Slots.of(slots.index[miss].tolist(), device=lengths.device)
+                pos = (lengths[miss] + j - 1)[:, None]
+                logits[miss] = self.model(drafts[-1][miss, None], pos, self.cache, slots=sub).logits[:, -1]
+                passes += 1
+            d, q = self.draw(logits, state)
+            offered = ok & (offered_upto > j - 1)  # guesses[:, j - 1] is this row's guess for draft j
+            ok = offered & (d == guesses[:, min(j - 1, guesses.shape[1] - 1)]) if guesses.shape[1] else offered
+            drafts.append(d)
+            probs.append(q)
+        self.passes[0] += passes
+        self.passes[1] += 1
+        self.rows[0] += len(lengths)
+        self.rows[1] += len(lengths) if ahead is not None else 0
+        return _proposal(drafts, probs, len(lengths))
+
+
 class MTPDrafter(Drafter):
     """DeepSeek-V3 MTP layers chained across depths, reused cyclically when K exceeds the layers.
 
