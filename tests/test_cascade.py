@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tiny_models import make_checkpoint
 
@@ -12,6 +14,7 @@ from trtspec.speculative.model import load_transformer
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
+REPO = Path(__file__).resolve().parents[1]
 # repetitive prompts, so the n-gram lookup has guesses to offer
 PROMPTS = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 10, 11, 9, 10, 11, 9], [12, 13, 14, 15, 16, 17, 18, 12, 13]]
 GREEDY = GenerationParams(max_tokens=30)
@@ -71,3 +74,31 @@ def test_a_seeded_cascaded_row_samples_the_same_tokens_whatever_shares_its_batch
             engine.step()
         results.append(row.result.tokens)
     assert results[0] == results[1]
+
+
+def _config(tmp_path, backend: str):
+    import yaml
+
+    from trtspec.config import load_config
+
+    cfg = yaml.safe_load((REPO / "configs" / "tiny-draft-target.yaml").read_text())
+    cfg["draft_target"] = {"cascade": "ngram"}
+    cfg["build"]["backend"] = backend
+    path = tmp_path / f"{backend}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return load_config(path)
+
+
+def test_a_cascade_is_the_torch_runners_and_is_refused_elsewhere(tmp_path):
+    from trtspec.build.builder import _torch_steps
+    from trtspec.errors import ConfigError, UsageError
+
+    with pytest.raises(ConfigError, match="draft_target.cascade.*the torch runner's") as err:
+        _config(tmp_path, "pytorch")
+    assert "\n" not in str(err.value)
+    cfg = _config(tmp_path, "torch")
+    with pytest.raises(UsageError, match="draft_target.cascade runs in the torch runner.*not built or served"):
+        _torch_steps(cfg, 2, {})
+    from trtspec.speculative.factory import runner_for
+
+    assert isinstance(runner_for(cfg).drafter, CascadeDrafter)
