@@ -93,11 +93,11 @@ def test_a_cascade_is_the_torch_runners_and_is_refused_elsewhere(tmp_path):
     from trtspec.build.builder import _torch_steps
     from trtspec.errors import ConfigError, UsageError
 
-    with pytest.raises(ConfigError, match="draft_target.cascade.*the torch runner's") as err:
+    with pytest.raises(ConfigError, match=r"draft_target\.cascade.*the torch runner.s") as err:
         _config(tmp_path, "pytorch")
     assert "\n" not in str(err.value)
     cfg = _config(tmp_path, "torch")
-    with pytest.raises(UsageError, match="draft_target.cascade runs in the torch runner.*not built or served"):
+    with pytest.raises(UsageError, match=r"draft_target\.cascade runs in the torch runner.*not built or served"):
         _torch_steps(cfg, 2, {})
     from trtspec.speculative.factory import runner_for
 
