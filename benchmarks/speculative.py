@@ -198,7 +198,7 @@ def main() -> int:
     ap.add_argument("--medusa-k", default="1,2", help="chains up to the shipped heads (2)")
     ap.add_argument("--self-k", default="1,2,3,4", help="chains of the self-draft over the layers plan's rule picks")
     ap.add_argument("--int8-k", default="1,2,3,4", help="chains of the target's int8 copy")
-    ap.add_argument("--cascade-k", default="2,3,4,6", help="chains of the draft model sped up by n-gram guesses")
+    ap.add_argument("--cascade-k", default="3,4,6", help="chains of the draft model sped up by n-gram guesses")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--trees", default="2x2,3x2,3x3,4x2,4x3,4x4", help="tree shapes for the drafters that make trees")
     ap.add_argument("--threads", type=int, default=2)

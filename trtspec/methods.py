@@ -43,7 +43,7 @@ class Method:
 
     @property
     def label(self) -> str:
-        name = self.mode + "".join(f" {_setting(k, v)}" for k, v in self.settings)
+        name = self.mode + "".join(f" {_setting(k, v)}" for k, v in self.settings if _setting(k, v))
         return f"{name} tree {self.tree}" if self.tree else f"{name} K={self.k}"
 
     @property
@@ -55,7 +55,9 @@ class Method:
 def _setting(key: str, value: Any) -> str:
     if key == "layers":
         return f"layers {value[0]}-{value[-1]}" if len(value) > 1 else f"layer {value[0]}"
-    return f"cascade {value}" if key == "cascade" else str(value)
+    if key == "cascade":
+        return f"cascade {value}" if value != "none" else ""
+    return str(value)
 
 
 def method_modes(cfg: DeploymentConfig, target: Transformer, only: list[str] | None = None) -> list[str]:
@@ -75,12 +77,13 @@ def method_modes(cfg: DeploymentConfig, target: Transformer, only: list[str] | N
 
 def candidates(mode: str, settings: list[tuple[tuple[str, Any], ...]]) -> list[Method]:
     """Every chain length and tree shape of `mode` under each of its settings; an int8 self-draft pays by
-    its acceptance, so chains only, and a cascade speeds up chains of two drafts or more only."""
+    its acceptance, so chains only, and a cascade speeds up chains of three drafts or more only."""
     out = []
     for s in settings:
-        ks = [k for k in CHAIN_KS if k > 1] if dict(s).get("cascade") else CHAIN_KS
+        cascade = dict(s).get("cascade", "none") != "none"
+        ks = [k for k in CHAIN_KS if k > 2] if cascade else CHAIN_KS  # K <= 2 leaves no draft to guess
         out += [Method(mode, k, settings=s) for k in ks]
-        if REGISTRY[mode].runner_trees and not {"weights", "cascade"} & set(dict(s)):
+        if REGISTRY[mode].runner_trees and not cascade and dict(s).get("weights") != "int8":
             out += [Method(mode, shape.depth, shape, s) for shape in map(TreeShape.parse, TREES)]
     return out
 
@@ -152,7 +155,7 @@ def compare_methods(
     draft_scales: dict[tuple, float] = {}
 
     def draft_scale(runner: SpeculativeRunner, batch: int, method: Method) -> float:
-        key = (type(runner.drafter).__name__, method.tree.width if method.tree else 1, batch)
+        key = (method.mode, method.settings, method.tree.width if method.tree else 1, batch)
         if key not in draft_scales:
             draft_scales[key] = _draft_scale(runner, batch, method, forward_seconds)
         return draft_scales[key]
@@ -165,7 +168,7 @@ def compare_methods(
             draft_path if spec.needs_draft else None,
             num_draft_tokens=method.k,
             **where,
-            settings=dict(method.settings) or (mode_settings(cfg, method.mode) if method.mode == cfg.mode else None),
+            settings={**((method.mode == cfg.mode and mode_settings(cfg, method.mode)) or {}), **dict(method.settings)},
             tree=method.tree,
         )
         m = run_prompts(runner, prompts, params)
@@ -195,7 +198,7 @@ def compare_methods(
         if mode == "self-draft" and mode != cfg.mode:
             settings, chose["self-draft"] = self_draft_settings(target, prompts, sampling, forward_seconds)
         if mode == "draft-target":  # the draft model alone, and sped up by n-gram guesses (a cascade)
-            settings = [(), (("cascade", "ngram"),)]
+            settings = [(("cascade", "none"),), (("cascade", "ngram"),)]
         methods += candidates(mode, settings)
     rows = [measure(method) for method in methods]
     leaders = sorted(range(len(rows)), key=lambda i: -rows[i]["predicted_speedup"]["1"])[:CONFIRM]

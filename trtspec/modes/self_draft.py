@@ -18,6 +18,7 @@ from trtspec.families import TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 
 if TYPE_CHECKING:
+    from trtspec.config import DeploymentConfig
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
 
@@ -56,6 +57,12 @@ class SelfDraft(SpecMode):
     settings_model: ClassVar[type[Section] | None] = SelfDraftSection
     runner_trees: ClassVar[bool] = True
     torch_deploys: ClassVar[bool] = False  # served models read TensorRT-LLM's speculative_config: no such mode
+
+    def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
+        return (
+            "mode self-draft runs in trtspec's torch runner (generate, plan, bench) and is not built or served on "
+            "backend torch: to deploy it, use draft-target with the target cut to those layers as the draft"
+        )
 
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         from trtspec.errors import UsageError

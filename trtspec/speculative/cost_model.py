@@ -44,6 +44,7 @@ def cascade_draft_passes(k: int, with_guesses: float, from_guesses: Sequence[flo
     Without guesses a chain takes K passes. With them: the pass that draws the first draft, one pass over
     the guesses, and one more for each later draft whose guesses before it were not all drawn;
     `from_guesses[j]` is the share of rows with guesses whose draft j+1 came from that pass (1 for
-    j = 0), `with_guesses` the share of rows that had any guess."""
+    j = 0), `with_guesses` the share of rows that had any guess. Exact at batch 1; in a batch a pass
+    runs while any row needs one, so this is the least it takes."""
     cascaded = 2 + sum(1 - share for share in from_guesses[1 : k - 1])
     return with_guesses * cascaded + (1 - with_guesses) * k

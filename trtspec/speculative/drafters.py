@@ -197,14 +197,15 @@ class CascadeDrafter(DraftModelDrafter):
     its own draws equal the guesses, that pass already holds its next distributions, and a row falls back
     to one pass per draft from its first miss. Every draft is still drawn from the draft model's q at its
     position, once per position and row, so the target's verification is unchanged and lossless, and a
-    seeded row draws the same tokens whatever shares its batch. Trees are drafted as the draft model's.
+    seeded row draws as often whatever shares its batch (its logits may come from a one-token or a wider
+    pass, equal up to floating-point rounding). Trees are drafted as the draft model's.
     """
 
     def __init__(self, model: Transformer, lookup: NgramDrafter) -> None:
         super().__init__(model)
         self.lookup = lookup
         self.passes = [0, 0]  # draft passes and steps, for the cost model
-        self.rows = [0, 0]  # rows drafted, and of those with a pass over guesses
+        self.rows = [0, 0]  # rows drafted, and of those the ones with guesses
         self.usable: list[int] = []  # [j]: rows whose draft j came from the pass over guesses
 
     def _guesses(self, state: BatchState, slots: Slots, first: torch.Tensor, k: int) -> tuple[torch.Tensor, list[int]]:
@@ -237,7 +238,7 @@ class CascadeDrafter(DraftModelDrafter):
         for j in range(1, k):  # draft j (0-based) from the distribution after draft j-1
             usable = ok
             self.usable += [0] * (j + 1 - len(self.usable))
-            self.usable[j] += int(usable.sum())
+            self.usable[j] += int((usable & (offered_upto > 0)).sum())
             logits = torch.empty(len(lengths), self.model.dims.vocab_size, device=lengths.device)
             if bool(usable.any()):
                 logits[usable] = ahead[usable, j - 1]
@@ -255,7 +256,7 @@ class CascadeDrafter(DraftModelDrafter):
         self.passes[0] += passes
         self.passes[1] += 1
         self.rows[0] += len(lengths)
-        self.rows[1] += len(lengths) if ahead is not None else 0
+        self.rows[1] += sum(c > 0 for c in counts)
         return _proposal(drafts, probs, len(lengths))
 
 

@@ -8,8 +8,9 @@ the user's prompts, how often each prefix of the layers agrees with the whole mo
 
 A quantized self-draft runs every layer with int8 weight-only matrices (per output row scales, as
 TensorRT-LLM's `--use_weight_only --weight_only_precision int8` stores them): acceptance stays near
-one, and the draft is as cheap as its bytes are few, which pays where decoding is memory-bound (a GPU)
-and not on a CPU whose caches hold the whole tiny model.
+one. Here the matrices are dequantized on each call (gpt-fast's eager form), which reads more bytes
+than the target does, so the copy measures what int8 costs in acceptance, not a faster draft: that
+needs a fused int8 kernel (TensorRT-LLM's weight-only GEMM, or torch.compile over this form).
 """
 
 from __future__ import annotations
@@ -103,12 +104,14 @@ def prefix_acceptance(target: Transformer, prompts: list[list[int]], sampling: S
         pos = torch.arange(len(ids), device=x.device)[None]
         cache = target.new_cache(1, len(ids))
         cos, sin, mask, kv_len = target._attention_inputs(pos, cache)
-        h, heads = target.embed_tokens(x), []
+        h, states = target.embed_tokens(x), []
         for i, layer in enumerate(target.layers):
             h = layer(h, cos, sin, cache, i, pos, mask, kv_len)
-            heads.append(probs_from_logits(target.lm_head(target.norm(h)), sampling)[0])
-        p = heads[-1]
-        for depth, q in enumerate(heads[:-1]):
+            states.append(h)
+        # one [T, V] distribution at a time: a large vocabulary times every layer would not fit
+        p = probs_from_logits(target.lm_head(target.norm(h)), sampling)[0]
+        for depth, state in enumerate(states[:-1]):
+            q = probs_from_logits(target.lm_head(target.norm(state)), sampling)[0]
             agree[depth] += torch.minimum(p, q).sum().item()
         count += len(ids)
     return (agree / max(count, 1)).tolist()
