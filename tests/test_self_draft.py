@@ -110,3 +110,21 @@ def test_bad_layer_sets_are_refused_in_one_line(target_path, target, settings, m
     with pytest.raises(UsageError, match=message) as err:
         load_runner(target_path, "self-draft", target=target, settings=settings)
     assert "\n" not in str(err.value)
+
+
+def test_plan_chooses_the_prefix_by_measured_acceptance_and_cost(target):
+    """The prefix the cost model rates best from measured acceptance and cost; the methods it makes are keys."""
+    from trtspec.methods import Method, candidates, self_draft_settings
+    from trtspec.speculative.requests import SamplingParams
+    from trtspec.speculative.self_draft import best_prefix
+
+    def seconds(model, batch, width):
+        return float(model.dims.num_layers)  # a layer costs the same wherever it is
+
+    settings, chose = self_draft_settings(target, PROMPTS, SamplingParams(), seconds)
+    assert chose["cost_by_layers"] == pytest.approx([1 / 3, 2 / 3])
+    assert len(chose["acceptance_by_layers"]) == 2
+    assert chose["layers"] == list(range(best_prefix(chose["acceptance_by_layers"], chose["cost_by_layers"])))
+    methods = candidates("self-draft", settings)
+    assert len({hash(m) for m in methods}) == len(methods) and all(isinstance(m, Method) for m in methods)
+    assert best_prefix([0.1, 0.9], [0.5, 0.6]) == 2 and best_prefix([0.8, 0.81], [0.2, 0.9]) == 1

@@ -99,7 +99,7 @@ def self_draft_settings(
     whole = forward_seconds(target, 1, 1)
     cost = [forward_seconds(self_draft_model(target, range(n)), 1, 1) / whole for n in range(1, target.dims.num_layers)]
     layers = list(range(best_prefix(acceptance, cost)))
-    chosen = [(("layers", layers),), (("weights", "int8"),)]
+    chosen = [(("layers", tuple(layers)),), (("weights", "int8"),)]  # hashable: methods are keys
     return chosen, {"acceptance_by_layers": acceptance, "cost_by_layers": cost, "layers": layers}
 
 
