@@ -28,6 +28,7 @@ from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.data import data_file
 from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
+from trtspec.methods import self_draft_settings
 from trtspec.modes import get_mode
 from trtspec.plan import forward_seconds, median_seconds
 from trtspec.speculative.cost_model import (
@@ -40,7 +41,6 @@ from trtspec.speculative.heads import load_heads
 from trtspec.speculative.model import Transformer, load_transformer
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams
-from trtspec.speculative.self_draft import best_prefix, prefix_acceptance, self_draft_model
 from trtspec.speculative.tree import TreeShape
 
 TARGET, DRAFT = EMBEDDED_CHECKPOINTS["tiny-target"], EMBEDDED_CHECKPOINTS["tiny-draft"]
@@ -211,11 +211,8 @@ def main() -> int:
     target = load_transformer(TARGET, max_len=max_len)
     draft = load_transformer(DRAFT, max_len=max_len)
     # the self-draft's layers by plan's rule: the prefix whose measured acceptance and cost rate best
-    ids = [p for _, p in prompts]
-    acceptance = prefix_acceptance(target, ids, SamplingParams())
-    t1 = forward_seconds(target, 1, 1)
-    by_layers = [forward_seconds(self_draft_model(target, range(n)), 1, 1) / t1 for n in range(1, len(acceptance) + 1)]
-    self_layers = list(range(best_prefix(acceptance, by_layers)))
+    chosen, choice = self_draft_settings(target, [p for _, p in prompts], SamplingParams(), forward_seconds)
+    self_layers = list(dict(chosen[0])["layers"])
     methods = methods_to_run(args, self_layers)
     widths = {1} | {1 + (t.nodes if t else k) for _, k, t, _ in methods} | {t.width for _, _, t, _ in methods if t}
     widths |= {max(k - 1, 1) for _, k, _, s in methods if s.get("cascade")}
@@ -225,7 +222,7 @@ def main() -> int:
         for s in ({"layers": self_layers}, {"weights": "int8"})
     }
     costs = step_costs(target, draft, heads, widths, self_drafts)
-    costs["self_draft_choice"] = {"acceptance_by_layers": acceptance, "cost_by_layers": by_layers}
+    costs["self_draft_choice"] = choice
     rows: list[dict] = []
 
     def record(mode: str, k: int, tree: TreeShape | None, settings: dict, res: dict, drafter) -> None:

@@ -30,7 +30,7 @@ def pair(tmp_path_factory):
 
 @pytest.mark.parametrize("k", [1, 2, 4, 6])
 def test_a_cascaded_draft_drafts_what_the_draft_model_alone_drafts(pair, k):
-    """Greedy: the same drafts, so the same accepted counts per step, in no more passes."""
+    """Greedy: the same drafts, so the same accepted counts per step, in no more passes than K per step."""
     target, draft = pair
     alone = SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=k).generate(PROMPTS, GREEDY)
     cascade = CascadeDrafter(draft, NgramDrafter())
@@ -38,6 +38,7 @@ def test_a_cascaded_draft_drafts_what_the_draft_model_alone_drafts(pair, k):
     plain = SpeculativeRunner(target).generate(PROMPTS, GREEDY)
     assert [g.tokens for g in together] == [g.tokens for g in plain] == [g.tokens for g in alone]
     assert [g.stats.accepted_per_position for g in together] == [g.stats.accepted_per_position for g in alone]
+    assert cascade.passes[0] <= max(k, 1) * cascade.passes[1]
     if k > 2:  # the draft follows the repetition, so some of its drafts came from the pass over guesses
         assert cascade.rows[1] > 0 and cascade.usable[2] > 0
 
@@ -57,9 +58,8 @@ def test_the_cost_model_predicts_the_passes_at_batch_1(pair):
 
 
 def test_a_seeded_cascaded_row_samples_the_same_tokens_whatever_shares_its_batch(pair):
-    """One draw per draft position and row, whether its draft came from the guesses' pass or its own. (The
-    rows beside it run longer: a step drafts the batch's largest K, so a row whose end cut its own K draws
-    more beside longer rows than alone, for every chain drafter; noted, not the cascade's.)"""
+    """One draw per draft position and row, whether its draft came from the guesses' pass or its own, and
+    as many near its end beside longer rows as alone (a step drafts the rows' K, not what the end leaves)."""
     target, draft = pair
     runner = SpeculativeRunner(target, CascadeDrafter(draft, NgramDrafter()), num_draft_tokens=4)
     hot = GenerationParams(max_tokens=24, sampling=SamplingParams(temperature=1.0), seed=7)

@@ -83,6 +83,9 @@ def test_greedy_self_drafting_is_plain_decoding(target_path, target, plain, sett
     out = runner.generate(PROMPTS, GREEDY)
     assert [g.tokens for g in out] == plain
     assert isinstance(runner.drafter, DraftModelDrafter)
+    draft = runner.drafter.model  # the settings were applied, not the defaults
+    assert len(draft.layers) == len(settings.get("layers", range(3)))
+    assert (draft.layers[0] is target.layers[0]) == (settings.get("weights") != "int8")
 
 
 def test_the_int8_copy_agrees_more_than_a_layer_prefix(target_path, target):
@@ -122,6 +125,14 @@ def test_plan_chooses_the_prefix_by_measured_acceptance_and_cost(target):
         return float(model.dims.num_layers)  # a layer costs the same wherever it is
 
     settings, chose = self_draft_settings(target, PROMPTS, SamplingParams(), seconds)
+    for layers, acceptance in enumerate(chose["acceptance_by_layers"], start=1):  # argmax agreement at T=0
+        prefix, agree, total = self_draft_model(target, range(layers)), 0, 0
+        for ids in PROMPTS:
+            x, pos = torch.tensor([ids]), torch.arange(len(ids))[None]
+            mine = prefix(x, pos, prefix.new_cache(1, len(ids))).logits.argmax(-1)
+            theirs = target(x, pos, target.new_cache(1, len(ids))).logits.argmax(-1)
+            agree, total = agree + int((mine == theirs).sum()), total + len(ids)
+        assert acceptance == pytest.approx(agree / total)
     assert chose["cost_by_layers"] == pytest.approx([1 / 3, 2 / 3])
     assert len(chose["acceptance_by_layers"]) == 2
     assert chose["layers"] == list(range(best_prefix(chose["acceptance_by_layers"], chose["cost_by_layers"])))

@@ -22,7 +22,7 @@ from typing import Any
 from trtspec.config import DeploymentConfig
 from trtspec.errors import UsageError
 from trtspec.modes import REGISTRY, get_mode
-from trtspec.speculative.drafters import DraftModelDrafter, NgramDrafter
+from trtspec.speculative.drafters import CascadeDrafter, DraftModelDrafter, NgramDrafter
 from trtspec.speculative.factory import load_runner, mode_settings
 from trtspec.speculative.model import Transformer
 from trtspec.speculative.requests import SamplingParams, TreeShape, draft_slots
@@ -98,7 +98,7 @@ def self_draft_settings(
     acceptance = prefix_acceptance(target, prompts, sampling)
     whole = forward_seconds(target, 1, 1)
     cost = [forward_seconds(self_draft_model(target, range(n)), 1, 1) / whole for n in range(1, target.dims.num_layers)]
-    layers = list(range(best_prefix(acceptance, cost)))
+    layers = list(range(best_prefix(acceptance, cost, max_k=max(CHAIN_KS))))
     chosen = [(("layers", tuple(layers)),), (("weights", "int8"),)]  # hashable: methods are keys
     return chosen, {"acceptance_by_layers": acceptance, "cost_by_layers": cost, "layers": layers}
 
@@ -218,5 +218,9 @@ def _draft_scale(runner: SpeculativeRunner, batch: int, method: Method, forward_
         return float(batch)  # one lookup per row on the host
     if isinstance(drafter, DraftModelDrafter):
         width = method.tree.width if method.tree else 1
-        return forward_seconds(drafter.model, batch, width) / forward_seconds(drafter.model, 1, width)
+        scale = forward_seconds(drafter.model, batch, width) / forward_seconds(drafter.model, 1, width)
+        if isinstance(drafter, CascadeDrafter) and drafter.passes[1]:
+            # in a batch a pass runs while any row needs one: count a plain chain's K passes, not batch 1's
+            scale *= method.k / (drafter.passes[0] / drafter.passes[1])
+        return scale
     return forward_seconds(runner.target, batch, 1) / forward_seconds(runner.target, 1, 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from trtspec.config_types import Int, Section
 from trtspec.families import TORCH_RUNNER_FAMILIES
@@ -30,11 +30,18 @@ class SelfDraftSection(Section):
 
     layers: list[Annotated[Int, Field(ge=0)]] | None = Field(
         default=None,
-        description="target layers the draft runs, ascending (default: the first half; `trtspec plan` measures each)",
+        description="target layers the draft runs, ascending (default: the first half, every layer with int8)",
     )
     weights: Literal["same", "int8"] = Field(
         default="same", description="the target's weights, or an int8 weight-only copy (a quantized self-draft)"
     )
+
+    @field_validator("layers")
+    @classmethod
+    def _ascending(cls, layers: list[int] | None) -> list[int] | None:
+        if layers is not None and (not layers or layers != sorted(set(layers))):
+            raise ValueError("layers must be distinct and ascending, at least one (the order the target runs them)")
+        return layers
 
 
 class SelfDraft(SpecMode):

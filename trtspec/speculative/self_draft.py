@@ -3,8 +3,9 @@
 Self-speculation (Draft & Verify, Zhang et al. 2023; LayerSkip, Elhoushi et al. 2024) drafts with the
 target's embedding, some of its decoder layers, its final norm and its head, so there is nothing to
 train and no second tokenizer: the draft shares the target's tensors and only keeps a KV cache of its
-own (for the layers it runs). Which layers pay is an empirical question: `choose_layers` measures, on
-the user's prompts, how often each prefix of the layers agrees with the whole model and what it costs.
+own (for the layers it runs). Which layers pay is an empirical question: `prefix_acceptance` measures, on
+the user's prompts, how often each prefix of the layers agrees with the whole model, and `best_prefix`
+weighs that against what each costs (trtspec.methods.self_draft_settings, for plan and the benchmark).
 
 A quantized self-draft runs every layer with int8 weight-only matrices (per output row scales, as
 TensorRT-LLM's `--use_weight_only --weight_only_precision int8` stores them): acceptance stays near
@@ -27,8 +28,6 @@ from trtspec.speculative.cost_model import expected_tokens_per_step_positional
 from trtspec.speculative.model import Transformer
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.sampling import probs_from_logits
-
-WEIGHTS = ("same", "int8")  # the draft's copy of the target's matrices
 
 
 class Int8Linear(nn.Module):
