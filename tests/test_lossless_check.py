@@ -3,6 +3,7 @@ never says PASS without it. (tests/test_lossless.py proves the runner itself exa
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -66,13 +67,20 @@ def test_the_conditional_test_passes_the_rule_and_catches_each_planted_bug(tiny)
 
 
 def test_the_joint_test_of_whole_continuations_is_weaker_than_the_conditional_one(tiny):
-    """Why the check conditions on the prefix: the same samples, compared as whole strings, say less."""
+    """Why the check conditions on the prefix: the same samples, compared as whole strings, say less.
+
+    On average over draws, not on one: at 600 samples the conditional p-value is the smaller in about
+    9 draws of 10, so a single seed fails whenever the runner's random stream changes; over 8 the mean
+    log p differs by about three standard errors."""
     target, draft = tiny
-    baseline = _first_tokens(SpeculativeRunner(target), seed=1, n=600)
     runner = SpeculativeRunner(target, DraftModelDrafter(draft), 2, verify_fn=PLANTED["residual-from-p"])
-    broken = _first_tokens(runner, seed=5, n=600)
-    joint = chi_square_homogeneity([str(s) for s in broken], [str(s) for s in baseline])[2]
-    assert conditional_homogeneity(broken, baseline).p_value < joint
+    conditional, joint = [], []
+    for seed in range(5, 13):
+        baseline = _first_tokens(SpeculativeRunner(target), seed=seed + 100, n=600)
+        broken = _first_tokens(runner, seed=seed, n=600)
+        joint.append(math.log10(chi_square_homogeneity([str(s) for s in broken], [str(s) for s in baseline])[2]))
+        conditional.append(math.log10(conditional_homogeneity(broken, baseline).p_value))
+    assert sum(conditional) / 8 < sum(joint) / 8, (conditional, joint)
 
 
 def test_power_and_the_detectable_shift():
