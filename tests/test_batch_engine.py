@@ -22,7 +22,7 @@ from trtspec.speculative.drafters import BatchState, DraftModelDrafter, MTPDraft
 from trtspec.speculative.model import Slots, load_transformer
 from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.policy import COST_WINDOW, AdaptiveK, FixedK, batch_sizes, calibrate
-from trtspec.speculative.requests import SamplingParams
+from trtspec.speculative.requests import SamplingParams, positions_needed
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
 PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13], [3, 4, 5, 6, 8, 9], [20] * 12, [7]]
@@ -254,6 +254,48 @@ def test_end_token_stops_and_min_tokens_holds_it_back(pair):
     assert stopped.finish_reason == "stop" and stopped.tokens == first[:3]
     held = run(engine, Sequence([3, 4, 5], GenerationParams(max_tokens=6, stop_token_ids=stop), min_tokens=4))
     assert first[2] not in held.result.tokens[:4] and held.result.stats.output_tokens >= 4
+
+
+def test_a_plain_row_beside_given_drafts_keeps_to_its_room_and_its_min_tokens(pair):
+    """A row with fewer drafts than the batch's widest writes no further than it reserved, and a plain row
+    keeps min_tokens and its logits though a row beside it verifies drafts."""
+    target, _ = pair
+    engine = SpeculativeRunner(target, max_len=64).engine(slots=1, capacity=64)
+    alone = run(engine, Sequence([3, 4, 5], GenerationParams(max_tokens=20))).result.tokens
+    stop = frozenset({alone[17]})
+    capacity = positions_needed(3, 20, 0)  # exactly the plain rows' room: no slot for anyone else's drafts
+    engine = SpeculativeRunner(target, max_len=64).engine(slots=3, capacity=capacity)
+    plain = Sequence([3, 4, 5], GenerationParams(max_tokens=20), keep_logits=True)
+    held = Sequence([3, 4, 5], GenerationParams(max_tokens=20, stop_token_ids=stop), min_tokens=19)
+    engine.add(plain)
+    engine.add(held)
+    while not plain.step_log or engine.produced[plain.slot] < 17:
+        engine.step()
+    # 6 drafts after a one-token prompt fit the capacity; the plain rows' pass must stay within their 25
+    engine.add(Sequence([9], GenerationParams(max_tokens=7), drafts=[12, 13, 14, 15, 16, 17]))
+    while engine.has_work():
+        engine.step()
+    assert plain.result.tokens == alone
+    assert len(plain.logits) == 20
+    assert alone[17] not in held.result.tokens[:19] and held.result.stats.output_tokens >= 19
+
+
+def test_a_row_asking_fewer_drafts_has_room_for_the_batchs_widest(pair):
+    """The draft model drafts the batch's K for every row, so a row asking for K=1 beside rows at K=3 reserves
+    the engine's K, and at exactly that capacity runs to the end with its greedy text unchanged."""
+    target, draft = pair
+    runner = SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=3, max_len=64)
+    one = GenerationParams(max_tokens=20, num_draft_tokens=1)
+    engine = runner.engine(slots=2, capacity=64)
+    assert engine.positions_needed(3, one) == positions_needed(3, 20, 3)
+    alone = run(engine, Sequence([3, 4, 5], one)).result.tokens
+    engine = runner.engine(slots=2, capacity=positions_needed(3, 20, 3))
+    short, wide = Sequence([3, 4, 5], one), Sequence([3, 4, 5, 6], GenerationParams(max_tokens=19))
+    engine.add(short)
+    engine.add(wide)
+    while engine.has_work():
+        engine.step()
+    assert short.result.tokens == alone
 
 
 def scores(policy: AdaptiveK, batch: int, k_max: int) -> dict[int, float | None]:

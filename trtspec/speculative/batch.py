@@ -193,7 +193,12 @@ class BatchEngine:
 
     def positions_needed(self, prompt_tokens: int, params: GenerationParams) -> int:
         """Positions a sequence reserves: prompt, output, the widest step's drafts, and the bonus."""
-        return positions_needed(prompt_tokens, params.max_tokens, self._draft_slots(self._k_of(params)))
+        return positions_needed(prompt_tokens, params.max_tokens, self._draft_slots(self._room(self._k_of(params))))
+
+    def _room(self, k: int) -> int:
+        """Drafts a row makes room for: its own K, or the engine's when larger (the drafter drafts the
+        batch's largest K for every row; the target pass stops at each row's own)."""
+        return max(k, self.num_draft_tokens) if self.drafter is not None else k
 
     def _k_of(self, params: GenerationParams) -> int:
         if self.drafter is None:
@@ -214,7 +219,8 @@ class BatchEngine:
         if seq.drafts is not None and self.drafter is not None:  # its caches would not follow the given drafts
             raise ValueError("this model drafts its own tokens: draft_input_ids are for a model without a drafter")
         seq.num_draft_tokens = len(seq.drafts) if seq.drafts is not None else self._k_of(seq.params)
-        need = positions_needed(len(seq.prompt), seq.params.max_tokens, self._draft_slots(seq.num_draft_tokens))
+        room = self._draft_slots(self._room(seq.num_draft_tokens))
+        need = positions_needed(len(seq.prompt), seq.params.max_tokens, room)
         if need > self.capacity:
             raise ValueError(
                 f"prompt ({len(seq.prompt)}) + max_tokens ({seq.params.max_tokens}) + drafts "
@@ -373,6 +379,7 @@ class BatchEngine:
         # each row then draws as often alone as beside others, so a seeded request's tokens do not depend on
         # who shares its batch
         k = int(k_rows.max())
+        plain = k_rows == 0  # rows decoding plainly this step (min_tokens, keep_logits)
         k_rows = torch.minimum(k_rows, remaining - 1).clamp_min(0)
         n = len(seqs)
         t0 = time.perf_counter()
@@ -387,10 +394,17 @@ class BatchEngine:
         if any(s.drafts is not None for s in seqs):
             drafts, q, num_drafts = self._given_drafts(seqs, drafts, q, num_drafts, k_rows)
         t1 = time.perf_counter()
+        # each row's columns past its own drafts repeat its last one (token and position): a row never
+        # writes past the room it reserved, whatever K the rows beside it draft
+        width = k_rows + 1
         step_tokens = torch.cat([self.state.tokens[idx, old - 1][:, None], drafts], dim=1)
-        positions = (old - 1)[:, None] + torch.arange(k + 1, device=self.device)[None, :]
+        columns = _positions(torch.zeros_like(width), width)
+        if columns.shape[1] < k + 1:
+            columns = torch.cat([columns, columns[:, -1:].expand(n, k + 1 - columns.shape[1])], 1)
+        step_tokens = step_tokens.gather(1, columns)
+        positions = (old - 1)[:, None] + columns
         out = self.target(step_tokens, positions, self.cache, slots=slots)
-        logits = out.logits if k > 0 else self._plain_logits(seqs, out.logits[:, 0])[:, None]
+        logits = self._plain_column(seqs, plain, out.logits)
         result = sampling.verify(drafts, q, logits, num_drafts, self.verify_fn)
         if self.needs_hidden:
             self.state.target_hidden[idx[:, None], positions] = out.hidden
@@ -471,6 +485,15 @@ class BatchEngine:
                 else:
                     q[i].scatter_(-1, drafts[i, :, None], 1.0)
         return drafts, q, num_drafts
+
+    def _plain_column(self, seqs: list[Sequence], plain: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The step's logits [B, K+1, V], `_plain_logits` applied to the rows decoding plainly (beside drafters too)."""
+        rows = plain.nonzero().squeeze(1)
+        if not any(seqs[i].min_tokens or seqs[i].keep_logits for i in rows.tolist()):
+            return logits
+        logits = logits.clone()
+        logits[rows, 0] = self._plain_logits([seqs[i] for i in rows.tolist()], logits[rows, 0])
+        return logits
 
     def _plain_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] a plain-decoding token is drawn from: stop tokens banned before min_tokens; kept if asked."""
