@@ -21,6 +21,7 @@ from tiny_models import make_checkpoint
 from trtspec.speculative import batch
 from trtspec.speculative.drafters import CascadeDrafter, DraftModelDrafter, MedusaDrafter, MTPDrafter, NgramDrafter
 from trtspec.speculative.heads import MedusaHeads
+from trtspec.speculative.lookahead import LookaheadDrafter
 from trtspec.speculative.model import load_transformer
 from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.requests import SamplingParams
@@ -195,6 +196,30 @@ def test_typical_acceptance_on_a_tree_fails_by_a_wide_margin(models, monkeypatch
     samples, _ = run(target, DraftModelDrafter(draft), T1, tree=TREE)
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken tree verifier"
+
+
+LOOKAHEAD = (3, 2, 2)  # W, N, G: bigrams, so the pool offers candidates from the second step on
+
+
+@pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
+def test_lookahead_samples_follow_the_target_exactly(models, params):
+    """Lookahead's window and pooled n-grams, verified as one tree with deterministic candidates."""
+    target, _ = models
+    drafter = LookaheadDrafter(*LOOKAHEAD)
+    samples, acceptance = run(target, drafter, params, tree=drafter.fixed_tree)
+    stat, p = chi_square(samples, exact_joint(target, params))
+    assert 0.02 < acceptance < 0.98, "both accepts and rejects must occur for the test to mean anything"
+    assert any(row is not None and row.pool for row in drafter.rows), "the pool must have offered candidates"
+    assert p > ALPHA, f"lookahead: chi2 {stat:.1f}, p {p:.2e}"
+
+
+def test_typical_acceptance_under_lookahead_fails_by_a_wide_margin(models, monkeypatch):
+    target, _ = models
+    monkeypatch.setattr(batch, "verify_tree", typical_acceptance)
+    drafter = LookaheadDrafter(*LOOKAHEAD)
+    samples, _ = run(target, drafter, T1, tree=drafter.fixed_tree)
+    stat, p = chi_square(samples, exact_joint(target, T1))
+    assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken verifier under lookahead"
 
 
 @torch.inference_mode()

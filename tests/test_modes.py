@@ -707,7 +707,7 @@ def test_init_says_what_the_draft_is(runner, tmp_path, args, message):
 
 def test_init_puts_an_embedded_target_where_its_mode_runs(runner, tmp_path):
     """torch for the modes trtspec's runner has; NVIDIA's first backend for the ones it lacks."""
-    for mode, backend in (("ngram", "torch"), ("eagle3", "pytorch"), ("lookahead", "tensorrt")):
+    for mode, backend in (("ngram", "torch"), ("eagle3", "pytorch"), ("lookahead", "torch")):
         out = tmp_path / f"{mode}.yaml"
         extra = ["--draft", "embedded:tiny-draft"] if get_mode(mode).needs_draft else []
         res = runner.invoke(

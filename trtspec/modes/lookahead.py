@@ -9,17 +9,20 @@ config.pbtxt parameters lookahead_window_size, lookahead_ngram_size, lookahead_v
 decoding_mode `lookahead` (triton_backend all_models, ref triton-model-repository §1.4);
 `SpeculativeDecodingMode.LOOKAHEAD_DECODING` (tensorrt_llm/models/modeling_utils.py). The engine path ends
 with 1.2.x; `LookaheadDecodingConfig` is not a pytorch-backend config.
+
+trtspec's torch runner runs it too (trtspec.speculative.lookahead) for generate, plan and the benchmark; it is
+not built or served on backend torch.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import Field
 
 from trtspec.config_types import Int, PositiveInt, Section
-from trtspec.families import ENGINE_FAMILIES
+from trtspec.families import ENGINE_FAMILIES, TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import engine_minors
 
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from trtspec.check import Report
     from trtspec.checkpoints.inspect import CheckpointInfo
     from trtspec.config import DeploymentConfig
+    from trtspec.speculative.drafters import Drafter
+    from trtspec.speculative.model import Transformer
 
 
 class LookaheadSection(Section):
@@ -56,7 +61,14 @@ class Lookahead(SpecMode):
             note="target built with lookahead_decoding + max_draft_len f(W,N,G); Triton lookahead_* parameters",
         ),
         Support("lookahead", "pytorch", (), None, (), note="does not exist: LookaheadDecodingConfig is engines only"),
-        Support("lookahead", "torch", (), None, (), note="not in trtspec's runner yet (the runner issue after #22)"),
+        Support(
+            "lookahead",
+            "torch",
+            None,
+            None,
+            TORCH_RUNNER_FAMILIES,
+            note="trtspec runner only (generate, plan, bench): one window level per pass, older levels on the host",
+        ),
     )
     in_target: ClassVar[bool] = True
     refuses_draft: ClassVar[bool] = True
@@ -64,6 +76,20 @@ class Lookahead(SpecMode):
     settings_model: ClassVar[type[Section] | None] = LookaheadSection
     engine_mode: ClassVar[str | None] = "lookahead_decoding"
     default_k: ClassVar[int | None] = None
+    torch_deploys: ClassVar[bool] = False  # served torch models read TensorRT-LLM's speculative_config: none here
+
+    def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
+        versions = ", ".join(self.row("tensorrt").versions or ())
+        return (
+            "mode lookahead runs in trtspec's torch runner (generate, plan, bench) and is not built or served on "
+            f"backend torch: deploy it on backend tensorrt (TensorRT-LLM {versions})"
+        )
+
+    def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
+        from trtspec.speculative.lookahead import LookaheadDrafter
+
+        s = LookaheadSection(**{k: v for k, v in settings.items() if k in LookaheadSection.model_fields})
+        return LookaheadDrafter(s.window_size, s.ngram_size, s.verification_set_size)
 
     def draft_len(self, cfg: DeploymentConfig) -> int:
         s = self.settings(cfg)

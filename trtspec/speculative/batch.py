@@ -459,7 +459,7 @@ class BatchEngine:
             seq.step_log.append(Step(d, a, t1 - t0, t2 - t1))
         self._commit(seqs, result.tokens, m + 1)
         self.cached[idx] = self.state.lengths[idx] - 1
-        self.drafter.commit_tree(self.state, old, slots)
+        self.drafter.commit_tree(self.state, old, slots, out.logits)
         self.last_k, self.last_batch = depth, len(seqs)
         self.policy.observe(
             len(seqs), depth, time.perf_counter() - t0, reached.sum(0).tolist(), (pos < m[:, None]).sum(0).tolist()

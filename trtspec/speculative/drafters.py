@@ -87,6 +87,7 @@ class Drafter:
 
     needs_target_hidden = False
     proposes_trees = False
+    fixed_tree: TreeShape | None = None  # a drafter that only drafts trees of its own shape (lookahead)
 
     def start(self, state: BatchState, capacity: int) -> None:
         raise NotImplementedError
@@ -103,8 +104,9 @@ class Drafter:
     def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
         raise NotImplementedError(f"{type(self).__name__} drafts chains only")
 
-    def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots) -> None:
-        """Called after a verified tree's tokens were appended."""
+    def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
+        """Called after a verified tree's tokens were appended; `logits` [B, 1+T, V] are the target's at the
+        root and every node (lookahead's next guesses)."""
 
     def draw(self, logits: torch.Tensor, state: BatchState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A token per row and the processed distribution it was drawn from (the q of verification).
@@ -185,7 +187,7 @@ class DraftModelDrafter(Drafter):
             _prune(scores, tokens, parents, out.logits.log_softmax(-1), w)
         return _tree(tokens, parents, shape)
 
-    def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots) -> None:
+    def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
         # the tree's slots hold branches, not the sequence: keep the committed part, re-feed the rest
         self.valid[slots.index] = torch.minimum(old_lengths, state.lengths[slots.index] - 1)
 

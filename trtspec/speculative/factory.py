@@ -78,8 +78,11 @@ def load_runner(
         drafter = spec.drafter(target, draft, {"num_nextn_predict_layers": mtp_layers, **(settings or {})})
     except UsageError as exc:
         raise UsageError(f"{target_path}: {exc}") from None
+    if tree is not None and drafter is not None and drafter.fixed_tree is not None:
+        raise UsageError(f"mode {mode} drafts the tree its own settings give ({drafter.fixed_tree}): no tree option")
     if tree is not None and not spec.runner_trees:
         raise UsageError(f"mode {mode} drafts chains only in the torch runner: no speculation.tree")
+    tree = tree or (drafter.fixed_tree if drafter is not None else None)  # lookahead's follows from (W, N, G)
     verify_fn = planted_verify(planted) if planted else planted_from_env()
     return SpeculativeRunner(
         target, drafter, num_draft_tokens=num_draft_tokens, max_len=max_len, verify_fn=verify_fn, tree=tree

@@ -1,0 +1,87 @@
+"""Lookahead decoding in the torch runner: Jacobi guesses, the n-gram pool built from their trajectory, and
+greedy output identical to plain decoding (its lossless sampling is in test_lossless)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_checkpoint
+
+from trtspec.errors import UsageError
+from trtspec.speculative.drafters import BatchState
+from trtspec.speculative.factory import load_runner
+from trtspec.speculative.lookahead import LookaheadDrafter
+from trtspec.speculative.model import Slots, load_transformer
+from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+from trtspec.speculative.tree import TreeShape
+
+V = 64
+
+
+def guesses_as_logits(drafter: LookaheadDrafter, nodes: list[int], guesses: list[int]) -> torch.Tensor:
+    """Target logits [1, 1+T, V] whose argmax is guesses[0] at the root and guesses[j+1] at window node j."""
+    logits = torch.zeros(1, 1 + drafter.nodes, V)
+    logits[0, 0, guesses[0]] = 1.0
+    for j, node in enumerate(nodes):
+        logits[0, 1 + node, guesses[j + 1]] = 1.0
+    return logits
+
+
+def test_the_pool_holds_the_diagonals_of_the_jacobi_trajectory():
+    """With nothing accepted the window moves one column a step; after N-1 windows of real guesses the
+    pool holds each diagonal: a guess, the guess made after it one step later, and the target's next."""
+    drafter = LookaheadDrafter(window=3, ngram=3, verification=2)
+    state = BatchState(tokens=torch.zeros(1, 32, dtype=torch.long), lengths=torch.tensor([3]))
+    state.tokens[0, :3] = torch.tensor([5, 6, 7])
+    drafter.start(state, 32)
+    slots = Slots.of([0])
+    for step, guesses in enumerate([[10, 11, 12, 13], [30, 31, 32, 33], [40, 41, 42, 43]]):
+        tree = drafter.propose_tree(state, drafter.fixed_tree, slots)
+        window = drafter.rows[0].window
+        assert tree.tokens[0, :3].tolist() == window  # the window is the first branch, a chain
+        assert tree.parents[0, :3].tolist() == [-1, 0, 1]
+        old = state.lengths.clone()
+        state.tokens[0, int(old)] = guesses[0]  # nothing accepted: the root's token is committed alone
+        state.lengths += 1
+        drafter.commit_tree(state, old, slots, guesses_as_logits(drafter, drafter.rows[0].nodes, guesses))
+        assert drafter.rows[0].window == guesses[1:]  # the next guesses, moved on by one column
+        if step < 2:
+            assert drafter.rows[0].pool == {}  # fillers and too few windows make no n-grams
+    # step 2's window [11, 12, 13] -> step 3's [31, 32, 33] (31 guessed after 11 ...) -> step 3's guesses
+    assert drafter.rows[0].pool == {12: [(32, 42)], 13: [(33, 43)]}
+    state.tokens[0, int(state.lengths) - 1] = 12  # a row whose last token starts a pooled n-gram
+    tree = drafter.propose_tree(state, drafter.fixed_tree, slots)
+    valid = tree.valid[0].tolist()
+    branch = [(int(t), int(p)) for t, p, ok in zip(tree.tokens[0], tree.parents[0], valid, strict=True) if ok]
+    assert branch == [(41, -1), (32, -1), (42, 0), (42, 1), (43, 2)]  # window 41 42 43, n-gram 32 42, as a trie
+
+
+@pytest.fixture(scope="module")
+def target_path(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("lookahead") / "t", vocab=V, hidden=32, layers=2, seed=3)
+
+
+PROMPTS = [[3, 4, 5, 6, 7, 3, 4, 5], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13]]
+
+
+@pytest.mark.parametrize("wng", [(4, 3, 2), (3, 2, 1), (5, 4, 3)])
+def test_greedy_output_is_plain_decodings_alone_and_in_a_batch(target_path, wng):
+    target = load_transformer(target_path)
+    params = GenerationParams(max_tokens=40)
+    plain = [g.tokens for g in SpeculativeRunner(target).generate(PROMPTS, params)]
+    settings = dict(zip(("window_size", "ngram_size", "verification_set_size"), wng, strict=True))
+    runner = load_runner(target_path, "lookahead", target=target, settings=settings)
+    assert runner.tree == LookaheadDrafter(*wng).fixed_tree
+    batched = runner.generate(PROMPTS, params)
+    assert [g.tokens for g in batched] == plain
+    assert [runner.generate([p], params)[0].tokens for p in PROMPTS] == plain
+    # the guesses do get accepted: fewer target passes than tokens
+    assert sum(g.stats.accepted_tokens for g in batched) > 0
+    assert all(g.stats.steps + 1 <= len(g.tokens) for g in batched)
+
+
+def test_its_tree_comes_from_its_settings_alone(target_path):
+    with pytest.raises(UsageError, match="tree its own settings give"):
+        load_runner(target_path, "lookahead", tree=TreeShape(2, 2))
+    with pytest.raises(ValueError, match="N >= 2"):
+        LookaheadDrafter(3, 1, 2)

@@ -1,0 +1,140 @@
+"""Lookahead decoding (Fu et al. 2024): the target drafts for itself by Jacobi iteration, no second model.
+
+Each row keeps a window of W guesses for the positions after its last token. One target pass runs the
+window as a chain beside up to G n-grams from the row's pool that start with its last token, all merged
+into one token tree (`trtspec.speculative.tree`), so the pass verifies the n-grams and the window itself
+and, at the same time, is one Jacobi step: the target's argmax after each window prefix is the next
+guess for the position after it. The window then moves on by what was committed. Consecutive windows
+form a trajectory; along its diagonals (a guess, then the guess made from it one step later, ...) lie
+N-token sequences the target itself proposed one after another, and those go into the pool, keyed by
+their first token.
+
+TensorRT-LLM's lookahead engines carry N-1 levels of the window in every pass (its max_draft_len is
+(N-2) + (W-1+G)(N-1) for that reason); this runner feeds one level and keeps the older ones on the host,
+so a pass is 1 + W + G(N-1) tokens. The proposals are deterministic, so verification is the tree's
+multi-candidate rule with one-hot candidates: lossless at any temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trtspec.speculative.drafters import BatchState, Drafter
+from trtspec.speculative.model import Slots
+from trtspec.speculative.tree import TokenTree, TreeShape
+
+
+@dataclass
+class _Row:
+    """One slot's Jacobi state: the window, the older windows aligned to it, and the n-gram pool."""
+
+    window: list[int]
+    guessed: list[bool]  # which window columns hold the target's guesses (the rest are fillers)
+    levels: list[list[int | None]] = field(default_factory=list)  # oldest first; None: a filler, not a guess
+    pool: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)  # first token -> continuations
+    nodes: list[int] = field(default_factory=list)  # tree node of each window column in the latest tree
+
+
+class LookaheadDrafter(Drafter):
+    proposes_trees = True
+
+    def __init__(self, window: int, ngram: int, verification: int) -> None:
+        if window < 1 or ngram < 2 or verification < 0:
+            raise ValueError(f"lookahead needs W >= 1, N >= 2, G >= 0; got ({window}, {ngram}, {verification})")
+        self.w, self.n, self.g = window, ngram, verification
+
+    @property
+    def fixed_tree(self) -> TreeShape:
+        """The tree the engine reserves room for: the window's W levels or the n-grams' N-1, a node per
+        candidate and the window at each (the tree itself has at most W + G(N-1) nodes)."""
+        return TreeShape(max(self.w, self.n - 1), self.g + 1)
+
+    @property
+    def nodes(self) -> int:
+        return self.w + self.g * (self.n - 1)
+
+    def start(self, state: BatchState, capacity: int) -> None:
+        self.rows: list[_Row | None] = [None] * state.batch
+
+    def admit(self, slots: torch.Tensor, reused: torch.Tensor) -> None:
+        for slot in slots.tolist():
+            self.rows[slot] = None  # a fresh window and pool per request, as TensorRT-LLM keeps them
+
+    def _row(self, state: BatchState, slot: int) -> _Row:
+        row = self.rows[slot]
+        if row is None:
+            seq = state.tokens[slot, : int(state.lengths[slot])].tolist()
+            row = self.rows[slot] = _Row(window=_fill(seq, self.w), guessed=[False] * self.w)
+        return row
+
+    def propose(self, state: BatchState, k: int, slots: Slots):
+        raise NotImplementedError("lookahead drafts a token tree; the engine runs it with its shape")
+
+    def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
+        """The window as one branch and the pool's n-grams after the last token as others, as a trie."""
+        idx = slots.index
+        lasts = state.tokens[idx, state.lengths[idx] - 1].tolist()
+        t = self.nodes
+        tokens, parents, depths = [[0] * t for _ in lasts], [[-1] * t for _ in lasts], [[1] * t for _ in lasts]
+        valid = [[False] * t for _ in lasts]
+        for b, (slot, last) in enumerate(zip(idx.tolist(), lasts, strict=True)):
+            row = self._row(state, slot)
+            branches = [row.window, *row.pool.get(last, [])[: self.g]]
+            index: dict[tuple[int, ...], int] = {}
+            for level in range(1, max(map(len, branches)) + 1):
+                for branch in branches:
+                    prefix = tuple(branch[:level])
+                    if len(prefix) < level or prefix in index:
+                        continue
+                    i = index[prefix] = len(index)
+                    tokens[b][i], depths[b][i], valid[b][i] = prefix[-1], level, True
+                    parents[b][i] = index[prefix[:-1]] if level > 1 else -1
+            row.nodes = [index[tuple(row.window[: j + 1])] for j in range(self.w)]
+        device = state.tokens.device
+        as_long = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
+        return TokenTree(as_long(tokens), as_long(parents), as_long(depths), torch.tensor(valid, device=device))
+
+    def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
+        """One Jacobi step per row: the target's argmax after the root and after each window prefix are the
+        next guesses; the trajectory's diagonals go into the pool; the window moves on by what was committed."""
+        best = logits.argmax(-1).tolist()  # [B, 1 + T]
+        lengths = state.lengths[slots.index]
+        moved = (lengths - old_lengths).tolist()
+        for b, (slot, length) in enumerate(zip(slots.index.tolist(), lengths.tolist(), strict=True)):
+            row = self.rows[slot]
+            # guesses[j]: the target's next token for window column j, made after columns < j
+            guesses = [best[b][0]] + [best[b][1 + node] for node in row.nodes]
+            levels = [*row.levels, [t if g else None for t, g in zip(row.window, row.guessed, strict=True)]]
+            self._collect(row, levels, guesses)
+            s = moved[b]
+            kept = guesses[s : s + self.w]
+            missing = self.w - len(kept)
+            row.window = kept + (_fill(state.tokens[slot, :length].tolist(), missing) if missing else [])
+            row.guessed = [True] * len(kept) + [False] * missing
+            shifted = [level[s:] + [None] * min(s, self.w) for level in levels]
+            row.levels = shifted[len(shifted) - (self.n - 2) :] if self.n > 2 else []
+
+    def _collect(self, row: _Row, levels: list[list[int | None]], guesses: list[int]) -> None:
+        """Each diagonal of the last N-1 windows and the new guesses: an n-gram the target made token by token."""
+        if len(levels) < self.n - 1:
+            return
+        levels = levels[-(self.n - 1) :]
+        for c in range(self.w + 1 - (self.n - 1)):
+            gram = [levels[i][c + i] for i in range(self.n - 1)] + [guesses[c + self.n - 1]]
+            if any(t is None for t in gram):
+                continue
+            key, rest = gram[0], tuple(gram[1:])
+            found = row.pool.setdefault(key, [])
+            if rest in found:
+                found.remove(rest)
+            found.insert(0, rest)  # the most recent first; the oldest dropped past G
+            del found[max(self.g, 1) :]
+
+
+def _fill(seq: list[int], width: int) -> list[int]:
+    """Guesses for columns nobody has guessed yet: the sequence's own recent tokens (as LADE seeds its window
+    from the prompt); Jacobi replaces them within a step or two."""
+    tail = seq[-max(width, 1) :] or [0]
+    return [tail[i % len(tail)] for i in range(max(width, 0))]
