@@ -8,6 +8,7 @@ import torch
 from tiny_models import make_checkpoint
 
 from trtspec.errors import UsageError
+from trtspec.modes.lookahead import LookaheadSection
 from trtspec.speculative.drafters import BatchState
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.lookahead import LookaheadDrafter
@@ -85,3 +86,25 @@ def test_its_tree_comes_from_its_settings_alone(target_path):
         load_runner(target_path, "lookahead", tree=TreeShape(2, 2))
     with pytest.raises(ValueError, match="N >= 2"):
         LookaheadDrafter(3, 1, 2)
+
+
+def test_plan_measures_each_window_and_the_configured_one_alone(target_path):
+    """plan's methods: lookahead at each (W, N, G) it tries, K its tree's depth; a config in mode lookahead is
+    measured at its own (W, N, G) only."""
+    from conftest import CONFIGS
+
+    from trtspec.config import load_config
+    from trtspec.methods import LOOKAHEADS, compare_methods
+    from trtspec.speculative.requests import SamplingParams
+
+    target = load_transformer(target_path)
+    cfg = load_config(CONFIGS / "tiny-ngram.yaml")
+    args = (target_path, None, target, PROMPTS, 12, SamplingParams(), [1, 2])
+    rows = compare_methods(cfg, *args, modes=["lookahead"])["rows"]
+    expected = {f"lookahead W={w} N={n} G={g}": max(w, n - 1) for w, n, g in LOOKAHEADS}
+    assert {r["method"]: r["k"] for r in rows} == expected
+    assert all(r["tokens_per_step"] >= 1 and set(r["predicted_speedup"]) == {"1", "2"} for r in rows)
+    own = cfg.model_copy(update={"speculation": cfg.speculation.model_copy(update={"mode": "lookahead"})})
+    own.lookahead = LookaheadSection(window_size=2, ngram_size=2, verification_set_size=1)
+    rows = compare_methods(own, *args, modes=["lookahead"])["rows"]
+    assert [(r["method"], r["k"]) for r in rows] == [("lookahead W=2 N=2 G=1", 2)]

@@ -172,7 +172,7 @@ def test_plan_refuses_baseline_and_hub_ids(runner, tmp_path):
 def test_plan_compares_only_the_methods_asked_for_and_refuses_others(runner, tmp_path):
     res = runner.invoke(cli, ["plan", str(CONFIGS / "tiny-draft-target.yaml"), "--methods", "draft-target,eagle3"])
     assert res.exit_code == 2
-    assert "--methods eagle3: this pair's methods are draft-target, ngram, self-draft, mtp" in res.stderr
+    assert "--methods eagle3: this pair's methods are draft-target, ngram, lookahead, self-draft, mtp" in res.stderr
     assert "Traceback" not in res.output
     res = runner.invoke(cli, ["plan", str(CONFIGS / "tiny-draft-target.yaml"), "--methods", " , "])
     assert res.exit_code == 2 and "--methods (none)" in res.stderr

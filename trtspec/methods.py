@@ -24,12 +24,16 @@ from trtspec.errors import UsageError
 from trtspec.modes import REGISTRY, get_mode
 from trtspec.speculative.drafters import CascadeDrafter, DraftModelDrafter, NgramDrafter
 from trtspec.speculative.factory import load_runner, mode_settings
+from trtspec.speculative.lookahead import LookaheadDrafter
 from trtspec.speculative.model import Transformer
-from trtspec.speculative.requests import SamplingParams, TreeShape, draft_slots
+from trtspec.speculative.requests import SamplingParams, TreeShape
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
 CHAIN_KS = (1, 2, 3, 4)
 TREES = ("2x2", "3x2", "3x3", "4x3")
+# lookahead's (W, N, G) tried: small windows, as every token of its pass costs on a CPU; NVIDIA's default is 7, 7, 7
+LOOKAHEADS = ((3, 2, 1), (4, 3, 2), (5, 4, 3))
+LOOKAHEAD_KEYS = {"window_size": "W", "ngram_size": "N", "verification_set_size": "G"}
 CONFIRM = 3  # the best this many are measured again and judged on the second run alone: the best of many noisy
 # runs is the luckiest as much as the fastest, and its own figure would overstate it
 
@@ -44,12 +48,9 @@ class Method:
     @property
     def label(self) -> str:
         name = self.mode + "".join(f" {_setting(k, v)}" for k, v in self.settings if _setting(k, v))
+        if REGISTRY[self.mode].runner_own_tree:
+            return name  # its tree follows from its settings
         return f"{name} tree {self.tree}" if self.tree else f"{name} K={self.k}"
-
-    @property
-    def verify_width(self) -> int:
-        """Tokens the target verifies per step: the last committed token and every draft slot."""
-        return 1 + draft_slots(self.k, self.tree)
 
 
 def _setting(key: str, value: Any) -> str:
@@ -57,13 +58,15 @@ def _setting(key: str, value: Any) -> str:
         return f"layers {value[0]}-{value[-1]}" if len(value) > 1 else f"layer {value[0]}"
     if key == "cascade":
         return f"cascade {value}" if value != "none" else ""
+    if key in LOOKAHEAD_KEYS:
+        return f"{LOOKAHEAD_KEYS[key]}={value}"
     return str(value)
 
 
 def method_modes(cfg: DeploymentConfig, target: Transformer, only: list[str] | None = None) -> list[str]:
-    """The configured mode, then what needs nothing more than the pair: n-gram, the target drafting for
-    itself (when it has layers to skip), and MTP if the target has it; of those, the ones in `only`."""
-    extra = ["ngram"]
+    """The configured mode, then what needs nothing more than the pair: n-gram, lookahead, the target drafting
+    for itself (when it has layers to skip), and MTP if the target has it; of those, the ones in `only`."""
+    extra = ["ngram", "lookahead"]
     extra += ["self-draft"] if target.dims.num_layers > 1 else []
     extra += ["mtp"] if target.dims.num_mtp_layers else []
     modes = [cfg.mode, *(m for m in extra if m != cfg.mode)]
@@ -79,6 +82,9 @@ def candidates(mode: str, settings: list[tuple[tuple[str, Any], ...]]) -> list[M
     """Every chain length and tree shape of `mode` under each of its settings; an int8 self-draft pays by
     its acceptance, so chains only, and a cascade speeds up chains of three drafts or more only."""
     out = []
+    if REGISTRY[mode].runner_own_tree:  # one method per setting: K is its tree's depth
+        depth = [REGISTRY[mode].drafter(None, None, dict(s)).fixed_tree.depth for s in settings]
+        return [Method(mode, d, settings=s) for d, s in zip(depth, settings, strict=True)]
     for s in settings:
         cascade = dict(s).get("cascade", "none") != "none"
         ks = [k for k in CHAIN_KS if k > 2] if cascade else CHAIN_KS  # K <= 2 leaves no draft to guess
@@ -172,13 +178,12 @@ def compare_methods(
             tree=method.tree,
         )
         m = run_prompts(runner, prompts, params)
+        width = 1 + (runner.drafter.tree_nodes(runner.tree) if runner.tree else method.k)  # tokens verified per step
         tokens_per_step = m["tokens"] / m["steps"]
         step_s, draft_s = m["loop_s"] / m["steps"], m["draft_s"] / m["steps"]
         by_batch = {}
         for b in batches:
-            step_b = draft_s * draft_scale(runner, b, method) + (step_s - draft_s) * target_scale(
-                b, method.verify_width
-            )
+            step_b = draft_s * draft_scale(runner, b, method) + (step_s - draft_s) * target_scale(b, width)
             by_batch[str(b)] = tokens_per_step * plain_s * target_scale(b, 1) / step_b
         return {
             "method": method.label,
@@ -199,6 +204,10 @@ def compare_methods(
             settings, chose["self-draft"] = self_draft_settings(target, prompts, sampling, forward_seconds)
         if mode == "draft-target":  # the draft model alone, and sped up by n-gram guesses (a cascade)
             settings = [(("cascade", "none"),), (("cascade", "ngram"),)]
+        if mode == "lookahead":
+            given = mode_settings(cfg, mode) if mode == cfg.mode else None
+            wngs = [tuple(given[k] for k in LOOKAHEAD_KEYS)] if given else LOOKAHEADS
+            settings = [tuple(zip(LOOKAHEAD_KEYS, wng, strict=True)) for wng in wngs]
         methods += candidates(mode, settings)
     rows = [measure(method) for method in methods]
     leaders = sorted(range(len(rows)), key=lambda i: -rows[i]["predicted_speedup"]["1"])[:CONFIRM]
@@ -214,8 +223,8 @@ def _draft_scale(runner: SpeculativeRunner, batch: int, method: Method, forward_
     if batch == 1:
         return 1.0
     drafter = runner.drafter
-    if isinstance(drafter, NgramDrafter):
-        return float(batch)  # one lookup per row on the host
+    if isinstance(drafter, NgramDrafter | LookaheadDrafter):
+        return float(batch)  # lookups and Jacobi bookkeeping per row on the host
     if isinstance(drafter, DraftModelDrafter):
         width = method.tree.width if method.tree else 1
         scale = forward_seconds(drafter.model, batch, width) / forward_seconds(drafter.model, 1, width)

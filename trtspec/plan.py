@@ -115,8 +115,8 @@ def median_seconds(fn, reps: int = 15) -> float:
 @torch.inference_mode()
 def forward_seconds(model, batch: int, tokens: int, context: int = 128) -> float:
     cache = model.new_cache(batch, context + tokens + 1)
-    model(torch.randint(0, 100, (batch, context)), torch.arange(context).expand(batch, -1), cache)
-    toks = torch.randint(0, 100, (batch, tokens))
+    model(torch.randint(0, model.dims.vocab_size, (batch, context)), torch.arange(context).expand(batch, -1), cache)
+    toks = torch.randint(0, model.dims.vocab_size, (batch, tokens))
     pos = (context + torch.arange(tokens)).expand(batch, -1)
     return median_seconds(lambda: model(toks, pos, cache))
 

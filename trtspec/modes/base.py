@@ -68,6 +68,7 @@ class SpecMode:
         True  # `trtspec build` makes a torch engine of it (else runner only: generate, plan, bench)
     )
     runner_trees: ClassVar[bool] = False  # the torch runner's drafter also proposes token trees (speculation.tree)
+    runner_own_tree: ClassVar[bool] = False  # the runner's drafter verifies the tree its settings give (lookahead)
 
     def settings(self, cfg: DeploymentConfig) -> Any:
         """The mode's section as configured, or its defaults."""

@@ -76,6 +76,7 @@ class Lookahead(SpecMode):
     settings_model: ClassVar[type[Section] | None] = LookaheadSection
     engine_mode: ClassVar[str | None] = "lookahead_decoding"
     default_k: ClassVar[int | None] = None
+    runner_own_tree: ClassVar[bool] = True  # its window and n-grams: a tree from (W, N, G)
     torch_deploys: ClassVar[bool] = False  # served torch models read TensorRT-LLM's speculative_config: none here
 
     def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:

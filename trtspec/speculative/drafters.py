@@ -104,6 +104,10 @@ class Drafter:
     def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
         raise NotImplementedError(f"{type(self).__name__} drafts chains only")
 
+    def tree_nodes(self, shape: TreeShape) -> int:
+        """Nodes of the trees it drafts for `shape`: the tokens a step verifies besides the root."""
+        return shape.nodes
+
     def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
         """Called after a verified tree's tokens were appended; `logits` [B, 1+T, V] are the target's at the
         root and every node (lookahead's next guesses)."""

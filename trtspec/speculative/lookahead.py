@@ -55,6 +55,9 @@ class LookaheadDrafter(Drafter):
     def nodes(self) -> int:
         return self.w + self.g * (self.n - 1)
 
+    def tree_nodes(self, shape: TreeShape) -> int:
+        return self.nodes
+
     def start(self, state: BatchState, capacity: int) -> None:
         self.rows: list[_Row | None] = [None] * state.batch
 
