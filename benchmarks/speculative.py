@@ -3,11 +3,11 @@ plain decoding and against Hugging Face assisted generation, on Spec-Bench promp
 
 Methods: the draft model, the target's MTP layers, n-gram lookup, the shipped Medusa heads and the target
 drafting for itself (the prefix of its layers plan's rule picks from measured acceptance and cost, and its
-int8 copy), each as chains of K and (where the drafter offers several candidates) token trees DEPTHxWIDTH.
-For each it reports tokens/s, tokens per target pass, acceptance per position (per depth for trees), the
-measured cost of drafting d (in target steps: K c for a chain of a draft model, c + (D-1) c(W) for a tree
-whose levels run W tokens each, one heads call for Medusa, 0 for n-gram) and of verifying v(w) (one target
-pass over w tokens), the cost-model bound E[tokens/pass] / (d + v) from the measured acceptance, and
+int8 copy), each as chains of K and (where the drafter offers several candidates) token trees DEPTHxWIDTH,
+and lookahead decoding at a few (W, N, G). For each it reports tokens/s, tokens per target pass, acceptance
+per position (per depth for trees), the measured cost of drafting d (in target steps: K c for a chain of a
+draft model, c + (D-1) c(W) for a tree whose levels run W tokens each, one heads call for Medusa, 0 for
+n-gram and lookahead) and of verifying v(w) (one target pass over w tokens, lookahead's 1 + W + G(N-1)), the cost-model bound E[tokens/pass] / (d + v) from the measured acceptance, and
 efficiency = measured speedup / bound. Every ratio compares runs made in this one process.
 
     python benchmarks/speculative.py [--prompts 8] [--max-tokens 128] [--out results/speculative.json]
@@ -28,7 +28,7 @@ from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.data import data_file
 from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
-from trtspec.methods import self_draft_settings
+from trtspec.methods import LOOKAHEAD_KEYS, self_draft_settings
 from trtspec.modes import get_mode
 from trtspec.plan import forward_seconds, median_seconds
 from trtspec.speculative.cost_model import (
@@ -66,6 +66,9 @@ def methods_to_run(args, self_layers: list[int]) -> list[Run]:
         out += [(mode, int(k), None, settings) for k in ks.split(",")]
         if with_trees and get_mode(mode).runner_trees:
             out += [(mode, t.depth, t, settings) for t in trees]
+    for wng in args.lookahead.split(";"):  # its tree follows from (W, N, G); K is that tree's depth
+        settings = dict(zip(LOOKAHEAD_KEYS, map(int, wng.split(",")), strict=True))
+        out.append(("lookahead", get_mode("lookahead").drafter(None, None, settings).fixed_tree.depth, None, settings))
     return out
 
 
@@ -73,6 +76,7 @@ def label(mode: str, tree: TreeShape | None, settings: dict) -> str:
     name = mode + (f" L{len(settings['layers'])}" if "layers" in settings else "")
     name += " int8" if settings.get("weights") == "int8" else ""
     name += " cascade" if settings.get("cascade") else ""
+    name += "".join(f" {LOOKAHEAD_KEYS[k]}{v}" for k, v in settings.items() if k in LOOKAHEAD_KEYS)
     return f"{name} {tree}" if tree else name
 
 
@@ -139,6 +143,11 @@ def drafting_cost(mode: str, k: int, tree: TreeShape | None, settings: dict, cos
     return 0.0  # n-gram: a lookup on the host
 
 
+def verify_width(runner, k: int) -> int:
+    """Tokens one target pass verifies: the last committed token and every draft (every node of a tree)."""
+    return 1 + (runner.drafter.tree_nodes(runner.tree) if runner.tree else k)
+
+
 def run_trtspec(runner, prompts, max_tokens: int) -> dict:
     params = GenerationParams(max_tokens=max_tokens)
     runner.generate([prompts[0][1]], GenerationParams(max_tokens=8))  # warm-up
@@ -199,6 +208,7 @@ def main() -> int:
     ap.add_argument("--self-k", default="1,2,3,4", help="chains of the self-draft over the layers plan's rule picks")
     ap.add_argument("--int8-k", default="1,2,3,4", help="chains of the target's int8 copy")
     ap.add_argument("--cascade-k", default="3,4,6", help="chains of the draft model sped up by n-gram guesses")
+    ap.add_argument("--lookahead", default="3,2,1;4,3,2;5,4,3", help="lookahead's W,N,G settings, ';' between")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--trees", default="2x2,3x2,3x3,4x2,4x3,4x4", help="tree shapes for the drafters that make trees")
     ap.add_argument("--threads", type=int, default=2)
@@ -214,8 +224,14 @@ def main() -> int:
     chosen, choice = self_draft_settings(target, [p for _, p in prompts], SamplingParams(), forward_seconds)
     self_layers = list(dict(chosen[0])["layers"])
     methods = methods_to_run(args, self_layers)
-    widths = {1} | {1 + (t.nodes if t else k) for _, k, t, _ in methods} | {t.width for _, _, t, _ in methods if t}
-    widths |= {max(k - 1, 1) for _, k, _, s in methods if s.get("cascade")}
+    runs = [("none", 0, None, {}), *methods]
+    runners = [
+        load_runner(TARGET, mode, MEDUSA if mode == "medusa" else DRAFT, num_draft_tokens=max(k, 1), target=target,
+                    max_len=max_len, tree=tree, settings=settings or None)
+        for mode, k, tree, settings in runs
+    ]  # fmt: skip
+    widths = {1} | {verify_width(r, k) for r, (_, k, _, _) in zip(runners, runs, strict=True)}
+    widths |= {t.width for _, _, t, _ in methods if t} | {max(k - 1, 1) for _, k, _, s in methods if s.get("cascade")}
     heads = load_heads(MEDUSA)
     self_drafts = {
         label("self-draft", None, s): load_runner(TARGET, "self-draft", target=target, settings=s).drafter.model
@@ -225,23 +241,18 @@ def main() -> int:
     costs["self_draft_choice"] = choice
     rows: list[dict] = []
 
-    def record(mode: str, k: int, tree: TreeShape | None, settings: dict, res: dict, drafter) -> None:
+    def record(mode: str, k: int, tree: TreeShape | None, settings: dict, res: dict, runner) -> None:
         name = label(mode, tree, settings)
         row = {"engine": "trtspec", "mode": mode, "method": name, "k": k, "tree": str(tree) if tree else None}
         row.update({x: y for x, y in res.items() if x != "outputs"})
         if k:
-            d, v = drafting_cost(mode, k, tree, settings, costs, drafter), costs["v"][1 + (tree.nodes if tree else k)]
+            d = drafting_cost(mode, k, tree, settings, costs, runner.drafter)
+            v = costs["v"][verify_width(runner, k)]
             bound = expected_tokens_per_step_positional(res["acceptance_per_position"]) / (d + v)
             row.update(draft_cost=d, v=v, bound=bound)
         rows.append(row)
         print(f"  {name:17s} K={k}  {res['tokens_per_s']:7.1f} tok/s", file=sys.stderr, flush=True)
 
-    runs = [("none", 0, None, {}), *methods]
-    runners = [
-        load_runner(TARGET, mode, MEDUSA if mode == "medusa" else DRAFT, num_draft_tokens=max(k, 1), target=target,
-                    max_len=max_len, tree=tree, settings=settings or None)
-        for mode, k, tree, settings in runs
-    ]  # fmt: skip
     # every run once per round, rounds in turn, the faster round kept: this VM's speed drifts by 10-30%
     # over minutes, and a slow spell should not land on one method alone
     best: list[dict | None] = [None] * len(runs)
@@ -255,7 +266,7 @@ def main() -> int:
     for (mode, k, tree, settings), res, runner in zip(runs, best, runners, strict=True):
         if k:
             exact[f"{label(mode, None, settings)}/{tree or k}"] = res["outputs"] == plain["outputs"]
-        record(mode, k, tree, settings, res, runner.drafter)
+        record(mode, k, tree, settings, res, runner)
 
     hf_target = LlamaForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(DRAFT, dtype=torch.float32).eval()
