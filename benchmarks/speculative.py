@@ -5,10 +5,14 @@ Methods: the draft model, the target's MTP layers, n-gram lookup, the shipped Me
 drafting for itself (the prefix of its layers plan's rule picks from measured acceptance and cost, and its
 int8 copy), each as chains of K and (where the drafter offers several candidates) token trees DEPTHxWIDTH,
 and lookahead decoding at a few (W, N, G). For each it reports tokens/s, tokens per target pass, acceptance
-per position (per depth for trees), the measured cost of drafting d (in target steps: K c for a chain of a
-draft model, c + (D-1) c(W) for a tree whose levels run W tokens each, one heads call for Medusa, 0 for
-n-gram and lookahead) and of verifying v(w) (one target pass over w tokens, lookahead's 1 + W + G(N-1)), the cost-model bound E[tokens/pass] / (d + v) from the measured acceptance, and
-efficiency = measured speedup / bound. Every ratio compares runs made in this one process.
+per position (per depth for trees), the cost of drafting d and of verifying v(w) (one target pass over w
+tokens, lookahead's 1 + W + G(N-1)) in target steps, and the cost-model bound E[tokens/pass] / (d + v).
+d counts the calls the drafter makes, each at its measured cost for its width (`drafting_cost`): a draft
+model's first pass over what it has not seen and then one pass per draft (per tree level, W tokens wide),
+MTP layer l over the m + 1 + l positions it reruns, one heads call for Medusa, 0 for n-gram and lookahead.
+Call costs are timed at the start of every round, the faster of each kept, as the runs are; acceptance
+and widths are the measured ones; efficiency = measured speedup / bound. Every ratio compares runs made
+in this one process.
 
     python benchmarks/speculative.py [--prompts 8] [--max-tokens 128] [--out results/speculative.json]
 """
@@ -101,46 +105,67 @@ def load_prompts(tokenizer, count: int, max_prompt_tokens: int) -> list[tuple[st
 
 
 @torch.inference_mode()
-def step_costs(
+def step_seconds(
     target: Transformer, draft: Transformer, heads, widths: set[int], self_drafts: dict, context: int = 128
 ) -> dict:
-    """Per-call costs at a realistic cache length, in target steps: verify over w tokens, a draft-model
-    pass over w tokens (the separate draft and each self-draft), one MTP layer, one call of every Medusa head."""
-    t1 = forward_seconds(target, 1, 1, context)
-    mtp_cache = target.new_mtp_cache(1, context + 32)
-    hid = torch.randn(1, 1, target.dims.hidden_size)
-    tok, pos = torch.tensor([[5]]), torch.tensor([[context]])
-    mtp = median_seconds(lambda: target.mtp_forward(0, hid, tok, pos, mtp_cache))
+    """Per-call seconds at a realistic cache length: a target pass over w tokens, a draft-model pass over w
+    tokens (the separate draft and each self-draft), the first MTP layer over w positions, the Medusa heads."""
+    mtp_cache = target.new_mtp_cache(1, context + max(widths) + 1)
+    hid = torch.randn(1, max(widths), target.dims.hidden_size)
+
+    def mtp(w: int) -> float:
+        tok, pos = torch.full((1, w), 5), context + torch.arange(w)[None]
+        return median_seconds(lambda: target.mtp_forward(0, hid[:, :w], tok, pos, mtp_cache))
+
     return {
-        "target_ms": t1 * 1000,
-        "v": {w: forward_seconds(target, 1, w, context) / t1 for w in sorted(widths)},
-        "c_draft": {w: forward_seconds(draft, 1, w, context) / t1 for w in sorted(widths)},
-        "c_mtp": mtp / t1,
-        "c_heads": median_seconds(lambda: heads(hid[:, -1])) / t1,
-        "c_self": {
-            name: {w: forward_seconds(model, 1, w, context) / t1 for w in sorted(widths)}
-            for name, model in self_drafts.items()
-        },
+        "v": {w: forward_seconds(target, 1, w, context) for w in sorted(widths)},
+        "c_draft": {w: forward_seconds(draft, 1, w, context) for w in sorted(widths)},
+        "c_mtp": {w: mtp(w) for w in sorted(widths)},
+        "c_heads": median_seconds(lambda: heads(hid[:, -1])),
+        "c_self": {n: {w: forward_seconds(m, 1, w, context) for w in sorted(widths)} for n, m in self_drafts.items()},
     }
 
 
-def drafting_cost(mode: str, k: int, tree: TreeShape | None, settings: dict, costs: dict, drafter=None) -> float:
-    """Draft cost of one step in target steps, from the per-call costs (a cascade's passes from the cost
-    model and the shares of its drafts that came from the pass over guesses)."""
+def fastest(a, b):
+    """Two rounds' timings, the faster of each kept (as for the runs: a slow spell is the machine, not the call)."""
+    return {k: fastest(a[k], b[k]) for k in a} if isinstance(a, dict) else min(a, b)
+
+
+def relative(seconds, t1: float):
+    """Timings in target steps (one target pass over one token)."""
+    return {k: relative(v, t1) for k, v in seconds.items()} if isinstance(seconds, dict) else seconds / t1
+
+
+def at(cost: dict[int, float], width: float) -> float:
+    """A call's cost at a mean width, between the two measured widths around it."""
+    lo = min(max(int(width), 1), max(cost))
+    hi = min(lo + 1, max(cost))
+    return cost[lo] + (cost[hi] - cost[lo]) * (min(width, hi) - lo)
+
+
+def drafting_cost(
+    mode: str, k: int, tree: TreeShape | None, settings: dict, costs: dict, acc: list[float], drafter=None
+) -> float:
+    """Draft cost of one step in target steps, from the per-call costs and what the drafter runs each step given
+    the measured acceptance `acc` (P(a step accepts more than j drafts)): a draft model's first pass covers what
+    it has not seen (1 token, 2 after a fully accepted chain, the accepted path + 1 after a tree); MTP layer l
+    reruns the m + 1 + l positions whose inputs were drafts; a cascade's passes come from the cost model."""
+    accepted = sum(acc)  # E[drafts accepted per step]
     if settings.get("cascade"):
         c, rows = costs["c_draft"], max(drafter.rows[1], 1)
         with_guesses = drafter.rows[1] / max(drafter.rows[0], 1)
         shares = [1.0] + [drafter.usable[j] / rows if j < len(drafter.usable) else 0.0 for j in range(2, k)]
         passes = cascade_draft_passes(k, with_guesses, shares)
-        return c[1] * (passes - with_guesses) + with_guesses * c[max(k - 1, 1)]
+        return at(c, 1 + acc[-1]) + c[1] * (passes - with_guesses - 1) + with_guesses * c[max(k - 1, 1)]
     if mode in ("draft-target", "self-draft"):
         c = costs["c_draft"] if mode == "draft-target" else costs["c_self"][label(mode, None, settings)]
-        return c[1] + (tree.depth - 1) * c[tree.width] if tree else k * c[1]
+        return at(c, 1 + accepted) + (tree.depth - 1) * c[tree.width] if tree else at(c, 1 + acc[-1]) + (k - 1) * c[1]
     if mode == "mtp":
-        return k * costs["c_mtp"]
+        layers = min(drafter.depths, k)
+        return sum(at(costs["c_mtp"], 1 + accepted + j) for j in range(layers)) + (k - layers) * costs["c_mtp"][1]
     if mode == "medusa":
         return costs["c_heads"]
-    return 0.0  # n-gram: a lookup on the host
+    return 0.0  # n-gram and lookahead: lookups on the host
 
 
 def verify_width(runner, k: int) -> int:
@@ -230,15 +255,14 @@ def main() -> int:
                     max_len=max_len, tree=tree, settings=settings or None)
         for mode, k, tree, settings in runs
     ]  # fmt: skip
-    widths = {1} | {verify_width(r, k) for r, (_, k, _, _) in zip(runners, runs, strict=True)}
+    widths = set(range(1, 2 + max(k for _, k, _, _ in runs)))  # first passes over accepted tokens, MTP reruns
+    widths |= {verify_width(r, k) for r, (_, k, _, _) in zip(runners, runs, strict=True)}
     widths |= {t.width for _, _, t, _ in methods if t} | {max(k - 1, 1) for _, k, _, s in methods if s.get("cascade")}
     heads = load_heads(MEDUSA)
     self_drafts = {
         label("self-draft", None, s): load_runner(TARGET, "self-draft", target=target, settings=s).drafter.model
         for s in ({"layers": self_layers}, {"weights": "int8"})
     }
-    costs = step_costs(target, draft, heads, widths, self_drafts)
-    costs["self_draft_choice"] = choice
     rows: list[dict] = []
 
     def record(mode: str, k: int, tree: TreeShape | None, settings: dict, res: dict, runner) -> None:
@@ -246,7 +270,8 @@ def main() -> int:
         row = {"engine": "trtspec", "mode": mode, "method": name, "k": k, "tree": str(tree) if tree else None}
         row.update({x: y for x, y in res.items() if x != "outputs"})
         if k:
-            d = drafting_cost(mode, k, tree, settings, costs, runner.drafter)
+            acc = res["acceptance_per_position"]
+            d = drafting_cost(mode, k, tree, settings, costs, acc, runner.drafter)
             v = costs["v"][verify_width(runner, k)]
             bound = expected_tokens_per_step_positional(res["acceptance_per_position"]) / (d + v)
             row.update(draft_cost=d, v=v, bound=bound)
@@ -256,11 +281,15 @@ def main() -> int:
     # every run once per round, rounds in turn, the faster round kept: this VM's speed drifts by 10-30%
     # over minutes, and a slow spell should not land on one method alone
     best: list[dict | None] = [None] * len(runs)
+    timed = None  # the call costs, timed at the start of every round, the faster of each kept
     for _ in range(args.rounds):
+        now = step_seconds(target, draft, heads, widths, self_drafts)
+        timed = now if timed is None else fastest(timed, now)
         for i, runner in enumerate(runners):
             res = run_trtspec(runner, prompts, args.max_tokens)
             if best[i] is None or res["tokens_per_s"] > best[i]["tokens_per_s"]:
                 best[i] = res
+    costs = {"target_ms": 1000 * timed["v"][1], **relative(timed, timed["v"][1]), "self_draft_choice": choice}
     plain = best[0]
     exact = {}
     for (mode, k, tree, settings), res, runner in zip(runs, best, runners, strict=True):
@@ -347,7 +376,7 @@ def main() -> int:
             f"{r['speedup']:7.2f} {per_pass:>8s} {acc:>6s} {bound:>6s} {eff:>5s}"
         )
     print(
-        f"c(draft)={costs['c_draft'][1]:.3f} c(mtp)={costs['c_mtp']:.3f} c(heads)={costs['c_heads']:.3f} "
+        f"c(draft)={costs['c_draft'][1]:.3f} c(mtp)={costs['c_mtp'][1]:.3f} c(heads)={costs['c_heads']:.3f} "
         f"c(self)={', '.join(f'{n} {c[1]:.3f}' for n, c in costs['c_self'].items())} target step "
         f"{costs['target_ms']:.2f} ms; best {overall['method']} K={overall['k']} {overall['speedup']:.2f}x; "
         f"vs HF assisted: {summary['vs_hf_assisted']:.2f}x; targets: {summary['targets']}"
