@@ -20,7 +20,9 @@ in this one process.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import operator
 import sys
 import time
 from pathlib import Path
@@ -32,7 +34,7 @@ from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.data import data_file
 from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
-from trtspec.methods import LOOKAHEAD_KEYS, self_draft_settings
+from trtspec.methods import LOOKAHEAD_KEYS, LOOKAHEADS, self_draft_settings
 from trtspec.modes import get_mode
 from trtspec.plan import forward_seconds, median_seconds
 from trtspec.speculative.cost_model import (
@@ -80,7 +82,7 @@ def label(mode: str, tree: TreeShape | None, settings: dict) -> str:
     name = mode + (f" L{len(settings['layers'])}" if "layers" in settings else "")
     name += " int8" if settings.get("weights") == "int8" else ""
     name += " cascade" if settings.get("cascade") else ""
-    name += "".join(f" {LOOKAHEAD_KEYS[k]}{v}" for k, v in settings.items() if k in LOOKAHEAD_KEYS)
+    name += "".join(f" {LOOKAHEAD_KEYS[k]}={v}" for k, v in settings.items() if k in LOOKAHEAD_KEYS)
     return f"{name} {tree}" if tree else name
 
 
@@ -137,40 +139,37 @@ def relative(seconds, t1: float):
 
 
 def at(cost: dict[int, float], width: float) -> float:
-    """A call's cost at a mean width, between the two measured widths around it."""
-    lo = min(max(int(width), 1), max(cost))
-    hi = min(lo + 1, max(cost))
-    return cost[lo] + (cost[hi] - cost[lo]) * (min(width, hi) - lo)
+    """A call's cost at a mean width, between the two measured widths around it (the nearest past either end)."""
+    widths = sorted(cost)
+    lo = max([w for w in widths if w <= width], default=widths[0])
+    hi = min([w for w in widths if w >= width], default=widths[-1])
+    return cost[lo] if hi == lo else cost[lo] + (cost[hi] - cost[lo]) * (width - lo) / (hi - lo)
 
 
 def drafting_cost(
     mode: str, k: int, tree: TreeShape | None, settings: dict, costs: dict, acc: list[float], drafter=None
 ) -> float:
     """Draft cost of one step in target steps, from the per-call costs and what the drafter runs each step given
-    the measured acceptance `acc` (P(a step accepts more than j drafts)): a draft model's first pass covers what
+    the measured acceptance `acc` (conditional per position): a draft model's first pass covers what
     it has not seen (1 token, 2 after a fully accepted chain, the accepted path + 1 after a tree); MTP layer l
     reruns the m + 1 + l positions whose inputs were drafts; a cascade's passes come from the cost model."""
-    accepted = sum(acc)  # E[drafts accepted per step]
+    alive = list(itertools.accumulate(acc[:k], operator.mul))  # P(a step accepts more than j drafts)
+    accepted, every = sum(alive), (alive[k - 1] if len(alive) >= k else 0.0)  # E[accepted]; P(all K accepted)
     if settings.get("cascade"):
         c, rows = costs["c_draft"], max(drafter.rows[1], 1)
         with_guesses = drafter.rows[1] / max(drafter.rows[0], 1)
         shares = [1.0] + [drafter.usable[j] / rows if j < len(drafter.usable) else 0.0 for j in range(2, k)]
         passes = cascade_draft_passes(k, with_guesses, shares)
-        return at(c, 1 + acc[-1]) + c[1] * (passes - with_guesses - 1) + with_guesses * c[max(k - 1, 1)]
+        return at(c, 1 + every) + c[1] * (passes - with_guesses - 1) + with_guesses * c[max(k - 1, 1)]
     if mode in ("draft-target", "self-draft"):
         c = costs["c_draft"] if mode == "draft-target" else costs["c_self"][label(mode, None, settings)]
-        return at(c, 1 + accepted) + (tree.depth - 1) * c[tree.width] if tree else at(c, 1 + acc[-1]) + (k - 1) * c[1]
+        return at(c, 1 + accepted) + (tree.depth - 1) * c[tree.width] if tree else at(c, 1 + every) + (k - 1) * c[1]
     if mode == "mtp":
         layers = min(drafter.depths, k)
         return sum(at(costs["c_mtp"], 1 + accepted + j) for j in range(layers)) + (k - layers) * costs["c_mtp"][1]
     if mode == "medusa":
         return costs["c_heads"]
     return 0.0  # n-gram and lookahead: lookups on the host
-
-
-def verify_width(runner, k: int) -> int:
-    """Tokens one target pass verifies: the last committed token and every draft (every node of a tree)."""
-    return 1 + (runner.drafter.tree_nodes(runner.tree) if runner.tree else k)
 
 
 def run_trtspec(runner, prompts, max_tokens: int) -> dict:
@@ -233,7 +232,7 @@ def main() -> int:
     ap.add_argument("--self-k", default="1,2,3,4", help="chains of the self-draft over the layers plan's rule picks")
     ap.add_argument("--int8-k", default="1,2,3,4", help="chains of the target's int8 copy")
     ap.add_argument("--cascade-k", default="3,4,6", help="chains of the draft model sped up by n-gram guesses")
-    ap.add_argument("--lookahead", default="3,2,1;4,3,2;5,4,3", help="lookahead's W,N,G settings, ';' between")
+    ap.add_argument("--lookahead", default=";".join(",".join(map(str, s)) for s in LOOKAHEADS), help="W,N,G;...")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--trees", default="2x2,3x2,3x3,4x2,4x3,4x4", help="tree shapes for the drafters that make trees")
     ap.add_argument("--threads", type=int, default=2)
@@ -256,7 +255,7 @@ def main() -> int:
         for mode, k, tree, settings in runs
     ]  # fmt: skip
     widths = set(range(1, 2 + max(k for _, k, _, _ in runs)))  # first passes over accepted tokens, MTP reruns
-    widths |= {verify_width(r, k) for r, (_, k, _, _) in zip(runners, runs, strict=True)}
+    widths |= {r.verify_width(k) for r, (_, k, _, _) in zip(runners, runs, strict=True)}
     widths |= {t.width for _, _, t, _ in methods if t} | {max(k - 1, 1) for _, k, _, s in methods if s.get("cascade")}
     heads = load_heads(MEDUSA)
     self_drafts = {
@@ -272,7 +271,7 @@ def main() -> int:
         if k:
             acc = res["acceptance_per_position"]
             d = drafting_cost(mode, k, tree, settings, costs, acc, runner.drafter)
-            v = costs["v"][verify_width(runner, k)]
+            v = costs["v"][runner.verify_width(k)]
             bound = expected_tokens_per_step_positional(res["acceptance_per_position"]) / (d + v)
             row.update(draft_cost=d, v=v, bound=bound)
         rows.append(row)

@@ -8,7 +8,6 @@ import torch
 from tiny_models import make_checkpoint
 
 from trtspec.errors import UsageError
-from trtspec.modes.lookahead import LookaheadSection
 from trtspec.speculative.drafters import BatchState
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.lookahead import LookaheadDrafter
@@ -44,8 +43,9 @@ def test_the_pool_holds_the_diagonals_of_the_jacobi_trajectory():
         old = state.lengths.clone()
         state.tokens[0, int(old)] = guesses[0]  # nothing accepted: the root's token is committed alone
         state.lengths += 1
-        drafter.commit_tree(state, old, slots, guesses_as_logits(drafter, drafter.rows[0].nodes, guesses))
-        assert drafter.rows[0].window == guesses[1:]  # the next guesses, moved on by one column
+        drafter.commit_tree(state, old, slots, guesses_as_logits(drafter, drafter.rows[0].window_nodes, guesses))
+        drafter.propose_tree(state, drafter.fixed_tree, slots)
+        assert drafter.rows[0].window == guesses[1:]  # the next guesses, moved on by the one committed token
         if step < 2:
             assert drafter.rows[0].pool == {}  # fillers and too few windows make no n-grams
     # step 2's window [11, 12, 13] -> step 3's [31, 32, 33] (31 guessed after 11 ...) -> step 3's guesses
@@ -86,25 +86,33 @@ def test_its_tree_comes_from_its_settings_alone(target_path):
         load_runner(target_path, "lookahead", tree=TreeShape(2, 2))
     with pytest.raises(ValueError, match="N >= 2"):
         LookaheadDrafter(3, 1, 2)
+    with pytest.raises(ValueError, match="N <= W \\+ 1"):
+        LookaheadDrafter(3, 5, 2)
+    with pytest.raises(UsageError, match="at most 64"):
+        load_runner(target_path, "lookahead", settings={"window_size": 7, "ngram_size": 7, "verification_set_size": 10})
 
 
-def test_plan_measures_each_window_and_the_configured_one_alone(target_path):
-    """plan's methods: lookahead at each (W, N, G) it tries, K its tree's depth; a config in mode lookahead is
-    measured at its own (W, N, G) only."""
+def test_plan_compares_it_at_each_window_and_refuses_to_plan_its_k(target_path, tmp_path):
+    """plan's methods: lookahead at each (W, N, G) it tries, K its tree's depth; a config in mode lookahead has
+    no K to choose, and plan says so in one line."""
+    from click.testing import CliRunner
     from conftest import CONFIGS
 
+    from trtspec.cli import cli
     from trtspec.config import load_config
     from trtspec.methods import LOOKAHEADS, compare_methods
     from trtspec.speculative.requests import SamplingParams
 
     target = load_transformer(target_path)
     cfg = load_config(CONFIGS / "tiny-ngram.yaml")
-    args = (target_path, None, target, PROMPTS, 12, SamplingParams(), [1, 2])
-    rows = compare_methods(cfg, *args, modes=["lookahead"])["rows"]
+    rows = compare_methods(cfg, target_path, None, target, PROMPTS, 12, SamplingParams(), [1, 2], modes=["lookahead"])
     expected = {f"lookahead W={w} N={n} G={g}": max(w, n - 1) for w, n, g in LOOKAHEADS}
-    assert {r["method"]: r["k"] for r in rows} == expected
-    assert all(r["tokens_per_step"] >= 1 and set(r["predicted_speedup"]) == {"1", "2"} for r in rows)
-    own = cfg.model_copy(update={"speculation": cfg.speculation.model_copy(update={"mode": "lookahead"})})
-    own.lookahead = LookaheadSection(window_size=2, ngram_size=2, verification_set_size=1)
-    rows = compare_methods(own, *args, modes=["lookahead"])["rows"]
-    assert [(r["method"], r["k"]) for r in rows] == [("lookahead W=2 N=2 G=1", 2)]
+    assert {r["method"]: r["k"] for r in rows["rows"]} == expected
+    assert all(r["tokens_per_step"] >= 1 and set(r["predicted_speedup"]) == {"1", "2"} for r in rows["rows"])
+    runner = CliRunner()
+    out = tmp_path / "la.yaml"
+    res = runner.invoke(cli, ["init", "--target", "embedded:tiny-target", "--mode", "lookahead", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(cli, ["plan", str(out)])
+    assert res.exit_code == 2 and "lookahead's follow from its own settings" in res.output
+    assert len(res.output.strip().splitlines()) == 1

@@ -178,7 +178,7 @@ def compare_methods(
             tree=method.tree,
         )
         m = run_prompts(runner, prompts, params)
-        width = 1 + (runner.drafter.tree_nodes(runner.tree) if runner.tree else method.k)  # tokens verified per step
+        width = runner.verify_width(method.k)
         tokens_per_step = m["tokens"] / m["steps"]
         step_s, draft_s = m["loop_s"] / m["steps"], m["draft_s"] / m["steps"]
         by_batch = {}
@@ -205,9 +205,7 @@ def compare_methods(
         if mode == "draft-target":  # the draft model alone, and sped up by n-gram guesses (a cascade)
             settings = [(("cascade", "none"),), (("cascade", "ngram"),)]
         if mode == "lookahead":
-            given = mode_settings(cfg, mode) if mode == cfg.mode else None
-            wngs = [tuple(given[k] for k in LOOKAHEAD_KEYS)] if given else LOOKAHEADS
-            settings = [tuple(zip(LOOKAHEAD_KEYS, wng, strict=True)) for wng in wngs]
+            settings = [tuple(zip(LOOKAHEAD_KEYS, wng, strict=True)) for wng in LOOKAHEADS]
         methods += candidates(mode, settings)
     rows = [measure(method) for method in methods]
     leaders = sorted(range(len(rows)), key=lambda i: -rows[i]["predicted_speedup"]["1"])[:CONFIRM]

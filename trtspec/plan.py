@@ -259,6 +259,11 @@ def run_plan(
     if not get_mode(cfg.mode).speculates():
         raise UsageError("speculation.mode is none: there is nothing to plan")
     runner_mode(cfg.mode)  # acceptance is measured with the torch runner: refuse a mode it lacks first
+    if get_mode(cfg.mode).runner_own_tree:
+        raise UsageError(
+            f"plan chooses K for a mode's drafts; {cfg.mode}'s follow from its own settings: plan a config of "
+            f"another mode, which compares {cfg.mode} among its methods"
+        )
     if methods is not None and cfg.build.backend != "torch":
         raise UsageError(f"--methods compares the torch runner's methods; backend {cfg.build.backend} plans its mode")
     target_path = _local(cfg, "target")

@@ -87,10 +87,14 @@ class Lookahead(SpecMode):
         )
 
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
+        from trtspec.errors import UsageError
         from trtspec.speculative.lookahead import LookaheadDrafter
 
         s = LookaheadSection(**{k: v for k, v in settings.items() if k in LookaheadSection.model_fields})
-        return LookaheadDrafter(s.window_size, s.ngram_size, s.verification_set_size)
+        try:
+            return LookaheadDrafter(s.window_size, s.ngram_size, s.verification_set_size)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
     def draft_len(self, cfg: DeploymentConfig) -> int:
         s = self.settings(cfg)

@@ -127,6 +127,12 @@ class Sequence:
         return self.fed == self.prefill_target
 
 
+def draft_room(k: int, engine_k: int, drafting: bool) -> int:
+    """Drafts a row makes room for: its own K, or the engine's when larger (the drafter drafts the batch's
+    largest K for every row; the target's pass stops at each row's own)."""
+    return max(k, engine_k) if drafting else k
+
+
 class KPolicy:
     """Drafts per step for a running batch of `batch` rows; the engine default is a fixed K."""
 
@@ -152,6 +158,7 @@ class BatchEngine:
         tree: TreeShape | None = None,
     ) -> None:
         self.target, self.drafter = target, drafter
+        tree = tree or (drafter.fixed_tree if drafter is not None else None)  # lookahead's follows from (W, N, G)
         if tree is not None and (drafter is None or not drafter.proposes_trees):
             raise ValueError(f"{type(drafter).__name__} drafts chains only: no token tree")
         if tree is not None and verify_fn is not verify:
@@ -196,9 +203,7 @@ class BatchEngine:
         return positions_needed(prompt_tokens, params.max_tokens, self._draft_slots(self._room(self._k_of(params))))
 
     def _room(self, k: int) -> int:
-        """Drafts a row makes room for: its own K, or the engine's when larger (the drafter drafts the
-        batch's largest K for every row; the target pass stops at each row's own)."""
-        return max(k, self.num_draft_tokens) if self.drafter is not None else k
+        return draft_room(k, self.num_draft_tokens, self.drafter is not None)
 
     def _k_of(self, params: GenerationParams) -> int:
         if self.drafter is None:

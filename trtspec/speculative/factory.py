@@ -82,7 +82,6 @@ def load_runner(
         raise UsageError(f"mode {mode} drafts the tree its own settings give ({drafter.fixed_tree}): no tree option")
     if tree is not None and not spec.runner_trees:
         raise UsageError(f"mode {mode} drafts chains only in the torch runner: no speculation.tree")
-    tree = tree or (drafter.fixed_tree if drafter is not None else None)  # lookahead's follows from (W, N, G)
     verify_fn = planted_verify(planted) if planted else planted_from_env()
     return SpeculativeRunner(
         target, drafter, num_draft_tokens=num_draft_tokens, max_len=max_len, verify_fn=verify_fn, tree=tree

@@ -23,18 +23,24 @@ import torch
 
 from trtspec.speculative.drafters import BatchState, Drafter
 from trtspec.speculative.model import Slots
+from trtspec.speculative.requests import MAX_TREE_NODES
 from trtspec.speculative.tree import TokenTree, TreeShape
 
 
 @dataclass
 class _Row:
-    """One slot's Jacobi state: the window, the older windows aligned to it, and the n-gram pool."""
+    """One slot's Jacobi state, in the frame of the committed length `length`: column j is position length + j.
 
-    window: list[int]
-    guessed: list[bool]  # which window columns hold the target's guesses (the rest are fillers)
+    The window and the older windows (`levels`) move on to the row's current length when it next drafts,
+    so steps that ran without drafting (the policy turned it off) shift them too."""
+
+    length: int
+    guesses: list[int]  # the latest guesses per column (W + 1 after a step; none before the first)
+    window: list[int] = field(default_factory=list)
+    guessed: list[bool] = field(default_factory=list)  # which window columns hold guesses (the rest are fillers)
     levels: list[list[int | None]] = field(default_factory=list)  # oldest first; None: a filler, not a guess
     pool: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)  # first token -> continuations
-    nodes: list[int] = field(default_factory=list)  # tree node of each window column in the latest tree
+    window_nodes: list[int] = field(default_factory=list)  # tree node of each window column in the latest tree
 
 
 class LookaheadDrafter(Drafter):
@@ -43,7 +49,14 @@ class LookaheadDrafter(Drafter):
     def __init__(self, window: int, ngram: int, verification: int) -> None:
         if window < 1 or ngram < 2 or verification < 0:
             raise ValueError(f"lookahead needs W >= 1, N >= 2, G >= 0; got ({window}, {ngram}, {verification})")
+        if ngram > window + 1:
+            raise ValueError(f"lookahead needs N <= W + 1 (its n-grams run along its window): W={window} N={ngram}")
         self.w, self.n, self.g = window, ngram, verification
+        if self.nodes > MAX_TREE_NODES:
+            raise ValueError(
+                f"lookahead ({window}, {ngram}, {verification}) verifies W + G(N-1) = {self.nodes} tokens a step; "
+                f"at most {MAX_TREE_NODES}"
+            )
 
     @property
     def fixed_tree(self) -> TreeShape:
@@ -56,7 +69,7 @@ class LookaheadDrafter(Drafter):
         return self.w + self.g * (self.n - 1)
 
     def tree_nodes(self, shape: TreeShape) -> int:
-        return self.nodes
+        return self.nodes  # whatever the shape: its own tree
 
     def start(self, state: BatchState, capacity: int) -> None:
         self.rows: list[_Row | None] = [None] * state.batch
@@ -65,11 +78,18 @@ class LookaheadDrafter(Drafter):
         for slot in slots.tolist():
             self.rows[slot] = None  # a fresh window and pool per request, as TensorRT-LLM keeps them
 
-    def _row(self, state: BatchState, slot: int) -> _Row:
+    def _moved_on(self, state: BatchState, slot: int, length: int) -> _Row:
+        """The row's state in the frame of its current length: guesses past what was committed, fillers after."""
         row = self.rows[slot]
         if row is None:
-            seq = state.tokens[slot, : int(state.lengths[slot])].tolist()
-            row = self.rows[slot] = _Row(window=_fill(seq, self.w), guessed=[False] * self.w)
+            row = self.rows[slot] = _Row(length=length, guesses=[])
+        s = length - row.length
+        kept = row.guesses[s : s + self.w]
+        missing = self.w - len(kept)
+        row.window = kept + (_fill(state.tokens[slot, :length].tolist(), missing) if missing else [])
+        row.guessed = [True] * len(kept) + [False] * missing
+        row.levels = [level[s:] + [None] * min(s, self.w) for level in row.levels]
+        row.guesses, row.length = row.guesses[s:], length
         return row
 
     def propose(self, state: BatchState, k: int, slots: Slots):
@@ -78,12 +98,13 @@ class LookaheadDrafter(Drafter):
     def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
         """The window as one branch and the pool's n-grams after the last token as others, as a trie."""
         idx = slots.index
-        lasts = state.tokens[idx, state.lengths[idx] - 1].tolist()
+        lengths = state.lengths[idx]
+        lasts = state.tokens[idx, lengths - 1].tolist()
         t = self.nodes
         tokens, parents, depths = [[0] * t for _ in lasts], [[-1] * t for _ in lasts], [[1] * t for _ in lasts]
         valid = [[False] * t for _ in lasts]
-        for b, (slot, last) in enumerate(zip(idx.tolist(), lasts, strict=True)):
-            row = self._row(state, slot)
+        for b, (slot, length, last) in enumerate(zip(idx.tolist(), lengths.tolist(), lasts, strict=True)):
+            row = self._moved_on(state, slot, length)
             branches = [row.window, *row.pool.get(last, [])[: self.g]]
             index: dict[tuple[int, ...], int] = {}
             for level in range(1, max(map(len, branches)) + 1):
@@ -94,30 +115,23 @@ class LookaheadDrafter(Drafter):
                     i = index[prefix] = len(index)
                     tokens[b][i], depths[b][i], valid[b][i] = prefix[-1], level, True
                     parents[b][i] = index[prefix[:-1]] if level > 1 else -1
-            row.nodes = [index[tuple(row.window[: j + 1])] for j in range(self.w)]
+            row.window_nodes = [index[tuple(row.window[: j + 1])] for j in range(self.w)]
         device = state.tokens.device
         as_long = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
         return TokenTree(as_long(tokens), as_long(parents), as_long(depths), torch.tensor(valid, device=device))
 
     def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
         """One Jacobi step per row: the target's argmax after the root and after each window prefix are the
-        next guesses; the trajectory's diagonals go into the pool; the window moves on by what was committed."""
+        next guesses, and the trajectory's diagonals go into the pool. The row moves on when it next drafts."""
         best = logits.argmax(-1).tolist()  # [B, 1 + T]
-        lengths = state.lengths[slots.index]
-        moved = (lengths - old_lengths).tolist()
-        for b, (slot, length) in enumerate(zip(slots.index.tolist(), lengths.tolist(), strict=True)):
+        for b, slot in enumerate(slots.index.tolist()):
             row = self.rows[slot]
             # guesses[j]: the target's next token for window column j, made after columns < j
-            guesses = [best[b][0]] + [best[b][1 + node] for node in row.nodes]
+            row.guesses = [best[b][0]] + [best[b][1 + node] for node in row.window_nodes]
             levels = [*row.levels, [t if g else None for t, g in zip(row.window, row.guessed, strict=True)]]
-            self._collect(row, levels, guesses)
-            s = moved[b]
-            kept = guesses[s : s + self.w]
-            missing = self.w - len(kept)
-            row.window = kept + (_fill(state.tokens[slot, :length].tolist(), missing) if missing else [])
-            row.guessed = [True] * len(kept) + [False] * missing
-            shifted = [level[s:] + [None] * min(s, self.w) for level in levels]
-            row.levels = shifted[len(shifted) - (self.n - 2) :] if self.n > 2 else []
+            if self.g:
+                self._collect(row, levels, row.guesses)
+            row.levels = levels[len(levels) - (self.n - 2) :] if self.n > 2 else []
 
     def _collect(self, row: _Row, levels: list[list[int | None]], guesses: list[int]) -> None:
         """Each diagonal of the last N-1 windows and the new guesses: an n-gram the target made token by token."""
@@ -133,11 +147,11 @@ class LookaheadDrafter(Drafter):
             if rest in found:
                 found.remove(rest)
             found.insert(0, rest)  # the most recent first; the oldest dropped past G
-            del found[max(self.g, 1) :]
+            del found[self.g :]
 
 
 def _fill(seq: list[int], width: int) -> list[int]:
     """Guesses for columns nobody has guessed yet: the sequence's own recent tokens (as LADE seeds its window
     from the prompt); Jacobi replaces them within a step or two."""
-    tail = seq[-max(width, 1) :] or [0]
-    return [tail[i % len(tail)] for i in range(max(width, 0))]
+    tail = seq[-width:]
+    return [tail[i % len(tail)] for i in range(width)]

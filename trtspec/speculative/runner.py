@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence
+from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence, draft_room
 from trtspec.speculative.drafters import Drafter
 from trtspec.speculative.model import Transformer
 from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step, draft_slots, positions_needed
@@ -39,7 +39,7 @@ class SpeculativeRunner:
     ) -> None:
         self.target = target
         self.drafter = drafter
-        self.tree = tree
+        self.tree = tree or (drafter.fixed_tree if drafter is not None else None)
         self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
         self.max_len = min(max_len, target.max_positions)
         self.verify_fn = verify_fn
@@ -61,6 +61,10 @@ class SpeculativeRunner:
             tree=self.tree,
         )
 
+    def verify_width(self, k: int) -> int:
+        """Tokens one target pass verifies at K drafts: the last committed token and every draft (or tree node)."""
+        return 1 + (self.drafter.tree_nodes(self.tree) if self.tree is not None and k else k)
+
     @torch.inference_mode()
     def generate(
         self, prompts: list[list[int]], params: GenerationParams, on_tokens: TokenCallback | None = None
@@ -71,7 +75,7 @@ class SpeculativeRunner:
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
         k = 0 if self.drafter is None else (params.num_draft_tokens or self.num_draft_tokens)
-        slots = draft_slots(k, self.tree)
+        slots = draft_slots(draft_room(k, self.num_draft_tokens, self.drafter is not None), self.tree)
         # the caches hold what the longest request needs, not max_len
         capacity = positions_needed(max(len(p) for p in prompts), params.max_tokens, slots)
         if capacity > self.max_len:
