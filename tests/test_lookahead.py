@@ -84,6 +84,9 @@ def test_greedy_output_is_plain_decodings_alone_and_in_a_batch(target_path, wng)
 def test_its_tree_comes_from_its_settings_alone(target_path):
     with pytest.raises(UsageError, match="tree its own settings give"):
         load_runner(target_path, "lookahead", tree=TreeShape(2, 2))
+    own = SpeculativeRunner(load_transformer(target_path), LookaheadDrafter(3, 2, 1), tree=TreeShape(2, 2))
+    with pytest.raises(ValueError, match="drafts its own tree"):
+        own.generate([[3, 4, 5]], GenerationParams(max_tokens=4))
     with pytest.raises(ValueError, match="N >= 2"):
         LookaheadDrafter(3, 1, 2)
     with pytest.raises(ValueError, match="N <= W \\+ 1"):

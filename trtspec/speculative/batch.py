@@ -28,7 +28,6 @@ from trtspec.speculative.requests import (
     RequestStats,
     SamplingParams,
     Step,
-    draft_slots,
     positions_needed,
 )
 from trtspec.speculative.sampling import probs_from_logits, sample
@@ -127,6 +126,11 @@ class Sequence:
         return self.fed == self.prefill_target
 
 
+def draft_slots(drafter: Drafter | None, tree: TreeShape | None, k: int) -> int:
+    """Cache slots a step writes drafts into: K for a chain, every node of the drafter's tree (none when K is 0)."""
+    return drafter.tree_nodes(tree) if tree is not None and drafter is not None and k > 0 else k
+
+
 def draft_room(k: int, engine_k: int, drafting: bool) -> int:
     """Drafts a row makes room for: its own K, or the engine's when larger (the drafter drafts the batch's
     largest K for every row; the target's pass stops at each row's own)."""
@@ -158,7 +162,10 @@ class BatchEngine:
         tree: TreeShape | None = None,
     ) -> None:
         self.target, self.drafter = target, drafter
-        tree = tree or (drafter.fixed_tree if drafter is not None else None)  # lookahead's follows from (W, N, G)
+        own = drafter.fixed_tree if drafter is not None else None  # lookahead's follows from (W, N, G)
+        if own is not None and tree not in (None, own):
+            raise ValueError(f"{type(drafter).__name__} drafts its own tree ({own}), not {tree}")
+        tree = tree or own
         if tree is not None and (drafter is None or not drafter.proposes_trees):
             raise ValueError(f"{type(drafter).__name__} drafts chains only: no token tree")
         if tree is not None and verify_fn is not verify:
@@ -213,7 +220,7 @@ class BatchEngine:
         return self.num_draft_tokens if params.num_draft_tokens is None else params.num_draft_tokens
 
     def _draft_slots(self, k: int) -> int:
-        return draft_slots(k, self.tree)
+        return draft_slots(self.drafter, self.tree, k)
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence; raises ValueError for one that could not finish in a slot."""

@@ -60,11 +60,6 @@ class TreeShape:
         return shape
 
 
-def draft_slots(k: int, tree: TreeShape | None) -> int:
-    """Cache slots a step writes drafts into: K for a chain, every node of a tree (none when K is 0)."""
-    return tree.nodes if tree is not None and k > 0 else k
-
-
 def positions_needed(prompt_tokens: int, max_tokens: int, draft_slots: int) -> int:
     """KV-cache positions a request reserves: its prompt and output, the slots the widest step writes
     drafts into past them (K for a chain, every node of a tree), and two for the bonus token."""

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import torch
 
-from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence, draft_room
+from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence, draft_room, draft_slots
 from trtspec.speculative.drafters import Drafter
 from trtspec.speculative.model import Transformer
-from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step, draft_slots, positions_needed
+from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step, positions_needed
 from trtspec.speculative.tree import TreeShape
 from trtspec.speculative.verification import verify
 
@@ -63,7 +63,7 @@ class SpeculativeRunner:
 
     def verify_width(self, k: int) -> int:
         """Tokens one target pass verifies at K drafts: the last committed token and every draft (or tree node)."""
-        return 1 + (self.drafter.tree_nodes(self.tree) if self.tree is not None and k else k)
+        return 1 + draft_slots(self.drafter, self.tree, k)
 
     @torch.inference_mode()
     def generate(
@@ -75,7 +75,7 @@ class SpeculativeRunner:
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
         k = 0 if self.drafter is None else (params.num_draft_tokens or self.num_draft_tokens)
-        slots = draft_slots(draft_room(k, self.num_draft_tokens, self.drafter is not None), self.tree)
+        slots = draft_slots(self.drafter, self.tree, draft_room(k, self.num_draft_tokens, self.drafter is not None))
         # the caches hold what the longest request needs, not max_len
         capacity = positions_needed(max(len(p) for p in prompts), params.max_tokens, slots)
         if capacity > self.max_len:
