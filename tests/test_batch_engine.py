@@ -9,6 +9,8 @@ the others; given drafts (the engine flavour's BLS) reproduce plain greedy decod
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -22,7 +24,7 @@ from trtspec.speculative.drafters import BatchState, DraftModelDrafter, MTPDraft
 from trtspec.speculative.model import Slots, load_transformer
 from trtspec.speculative.planted import PLANTED
 from trtspec.speculative.policy import COST_WINDOW, AdaptiveK, FixedK, batch_sizes, calibrate
-from trtspec.speculative.requests import SamplingParams, positions_needed
+from trtspec.speculative.requests import SamplingParams, TreeShape, positions_needed
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
 PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13], [3, 4, 5, 6, 8, 9], [20] * 12, [7]]
@@ -583,3 +585,23 @@ def test_a_stream_sends_what_piled_up_behind_a_busy_responder_as_one_chunk_and_l
     stream.push([4])  # after the flush: a send of its own
     loop.actions.pop(0)()
     assert sent == [[1, 2, 3], [4]] and not loop.actions
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 2)])
+def test_a_drafters_work_after_the_pass_is_timed_as_drafting(pair, monkeypatch, tree):
+    """What a drafter does once the target has spoken (a rollback, lookahead's Jacobi step) is part of what
+    drafting costs: the benchmark's bound and plan's batch scaling read it from the step's draft time."""
+    target, _ = pair
+    drafter = NgramDrafter()
+    runner = SpeculativeRunner(target, drafter, num_draft_tokens=2, max_len=128, tree=tree)
+    name = "commit_tree" if tree else "commit"
+    work = getattr(drafter, name)
+
+    def slow(*args):
+        time.sleep(0.02)
+        return work(*args)
+
+    monkeypatch.setattr(drafter, name, slow)
+    stats = runner.generate([PROMPTS[2]], GenerationParams(max_tokens=6))[0].stats
+    assert stats.steps > 0
+    assert all(step.draft_s >= 0.02 > step.verify_s for step in stats.step_log)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional
+from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional, survival
 
 
 def test_iid_acceptance_gives_leviathans_closed_form():
@@ -16,6 +16,7 @@ def test_iid_acceptance_gives_leviathans_closed_form():
 
 def test_positional_rates_multiply_down_the_draft():
     assert math.isclose(expected_tokens_per_step_positional([0.9, 0.5]), 1 + 0.9 + 0.45)
+    assert all(map(math.isclose, survival([0.9, 0.5, 0.0, 1.0]), [0.9, 0.45, 0.0, 0.0]))
     assert expected_tokens_per_step_positional([]) == 1.0
 
 

@@ -425,12 +425,14 @@ class BatchEngine:
         pos = torch.arange(k, device=self.device)[None, :]
         self.drafted_pos[idx, :k] += pos < num_drafts[:, None]
         self.accepted_pos[idx, :k] += pos < m[:, None]
-        for seq, d, a in zip(seqs, num_drafts.tolist(), m.tolist(), strict=True):
-            seq.step_log.append(Step(d, a, t1 - t0, t2 - t1))
         self._commit(seqs, result.tokens, m + 1)
         self.cached[idx] = self.state.lengths[idx] - 1
+        t3 = time.perf_counter()
         if k > 0 and drafting:
             self.drafter.commit(self.state, old, k, slots)
+        drafting_s = (t1 - t0) + (time.perf_counter() - t3)  # the drafter's bookkeeping after the pass is drafting
+        for seq, d, a in zip(seqs, num_drafts.tolist(), m.tolist(), strict=True):
+            seq.step_log.append(Step(d, a, drafting_s, t2 - t1))
         self.last_k, self.last_batch = k, n
         # the whole step, streaming callbacks included: a cost paid per step is what drafting saves
         seconds = time.perf_counter() - t0
@@ -467,11 +469,13 @@ class BatchEngine:
         pos = torch.arange(depth, device=self.device)[None, :]
         self.drafted_pos[idx, :depth] += reached
         self.accepted_pos[idx, :depth] += pos < m[:, None]
-        for seq, d, a in zip(seqs, reached.sum(1).tolist(), m.tolist(), strict=True):
-            seq.step_log.append(Step(d, a, t1 - t0, t2 - t1))
         self._commit(seqs, result.tokens, m + 1)
         self.cached[idx] = self.state.lengths[idx] - 1
+        t3 = time.perf_counter()
         self.drafter.commit_tree(self.state, old, slots, out.logits)
+        drafting_s = (t1 - t0) + (time.perf_counter() - t3)  # lookahead's Jacobi step and pool are drafting
+        for seq, d, a in zip(seqs, reached.sum(1).tolist(), m.tolist(), strict=True):
+            seq.step_log.append(Step(d, a, drafting_s, t2 - t1))
         self.last_k, self.last_batch = depth, len(seqs)
         self.policy.observe(
             len(seqs), depth, time.perf_counter() - t0, reached.sum(0).tolist(), (pos < m[:, None]).sum(0).tolist()

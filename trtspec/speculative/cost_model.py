@@ -11,16 +11,19 @@ Leviathan's form assumes).
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
+
+
+def survival(rates: Sequence[float]) -> list[float]:
+    """P(positions 1..j all accepted) for j = 1..K, from conditional rates a_1..a_K."""
+    return list(itertools.accumulate(rates, operator.mul))
 
 
 def expected_tokens_per_step_positional(rates: Sequence[float]) -> float:
     """1 + sum over j of P(positions 1..j all accepted), with conditional rates a_1..a_K."""
-    total, alive = 1.0, 1.0
-    for rate in rates:
-        alive *= rate
-        total += alive
-    return total
+    return 1.0 + sum(survival(rates))
 
 
 def conditional_rates(drafted: Sequence[int], accepted: Sequence[int]) -> list[float]:

@@ -72,8 +72,8 @@ class Step:
 
     drafted: int
     accepted: int
-    draft_s: float
-    verify_s: float
+    draft_s: float  # proposing, and the drafter's bookkeeping after the pass (a cache rollback, a Jacobi update)
+    verify_s: float  # the target pass and the acceptance rule
 
 
 @dataclass
