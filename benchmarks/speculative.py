@@ -81,7 +81,7 @@ def methods_to_run(args, self_layers: list[int]) -> list[Run]:
             out += [(mode, t.depth, t, settings) for t in trees]
     for wng in args.lookahead.split(";"):  # its tree follows from (W, N, G); K is that tree's depth
         settings = dict(zip(LOOKAHEAD_KEYS, map(int, wng.split(",")), strict=True))
-        out.append(("lookahead", get_mode("lookahead").drafter(None, None, settings).fixed_tree.depth, None, settings))
+        out.append(("lookahead", get_mode("lookahead").runner_tree(settings).depth, None, settings))
     return out
 
 

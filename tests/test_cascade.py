@@ -102,3 +102,24 @@ def test_a_cascade_is_the_torch_runners_and_is_refused_elsewhere(tmp_path):
     from trtspec.speculative.factory import runner_for
 
     assert isinstance(runner_for(cfg).drafter, CascadeDrafter)
+
+
+def test_each_drafter_says_how_its_drafting_grows_with_the_batch(pair):
+    """plan's larger-batch prediction: host lookups per row, a draft model's forward at the batch, heads and
+    MTP as the target's pass, and a cascade as many passes as a plain chain (a batch runs while any row needs)."""
+    from trtspec.speculative.drafters import Drafter
+    from trtspec.speculative.lookahead import LookaheadDrafter
+
+    target, draft = pair
+
+    def seconds(model, batch: int, tokens: int) -> float:  # a draft pass costs its batch; a target's, half of it
+        return batch * tokens if model is draft else 1 + batch * tokens / 2
+
+    assert NgramDrafter().batch_scale(8, 3, 1, seconds, target) == 8
+    assert LookaheadDrafter(3, 2, 1).batch_scale(8, 3, 1, seconds, target) == 8
+    assert DraftModelDrafter(draft).batch_scale(8, 3, 2, seconds, target) == 8
+    assert Drafter().batch_scale(8, 3, 1, seconds, target) == 5 / 1.5  # heads, MTP: the target's pass
+    cascade = CascadeDrafter(draft, NgramDrafter())
+    assert cascade.batch_scale(8, 4, 1, seconds, target) == 8  # no steps yet: as the draft model
+    cascade.passes = [30, 10]  # 3 passes a step at batch 1; a batch takes K = 4
+    assert cascade.batch_scale(8, 4, 1, seconds, target) == 8 * 4 / 3

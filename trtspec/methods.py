@@ -22,14 +22,13 @@ from typing import Any
 from trtspec.config import DeploymentConfig
 from trtspec.errors import UsageError
 from trtspec.modes import REGISTRY, get_mode
-from trtspec.speculative.drafters import CascadeDrafter, DraftModelDrafter, NgramDrafter
 from trtspec.speculative.factory import load_runner, mode_settings
-from trtspec.speculative.lookahead import LookaheadDrafter
 from trtspec.speculative.model import Transformer
 from trtspec.speculative.requests import SamplingParams, TreeShape
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
 CHAIN_KS = (1, 2, 3, 4)
+INT8_KS = (2, 4, 6, 8)  # the target's int8 copy agrees with it nearly always: longer chains, each costing a copy's pass
 TREES = ("2x2", "3x2", "3x3", "4x3")
 # lookahead's (W, N, G) tried: small windows, as every token of its pass costs on a CPU; NVIDIA's default is 7, 7, 7
 LOOKAHEADS = ((3, 2, 1), (4, 3, 2), (5, 4, 3))
@@ -48,7 +47,7 @@ class Method:
     @property
     def label(self) -> str:
         name = self.mode + "".join(f" {_setting(k, v)}" for k, v in self.settings if _setting(k, v))
-        if REGISTRY[self.mode].runner_own_tree:
+        if REGISTRY[self.mode].runner_tree(dict(self.settings)) is not None:
             return name  # its tree follows from its settings
         return f"{name} tree {self.tree}" if self.tree else f"{name} K={self.k}"
 
@@ -80,16 +79,16 @@ def method_modes(cfg: DeploymentConfig, target: Transformer, only: list[str] | N
 
 def candidates(mode: str, settings: list[tuple[tuple[str, Any], ...]]) -> list[Method]:
     """Every chain length and tree shape of `mode` under each of its settings; an int8 self-draft pays by
-    its acceptance, so chains only, and a cascade speeds up chains of three drafts or more only."""
+    its acceptance, so longer chains only, and a cascade speeds up chains of three drafts or more only."""
     out = []
-    if REGISTRY[mode].runner_own_tree:  # one method per setting: K is its tree's depth
-        depth = [REGISTRY[mode].drafter(None, None, dict(s)).fixed_tree.depth for s in settings]
-        return [Method(mode, d, settings=s) for d, s in zip(depth, settings, strict=True)]
+    own = [REGISTRY[mode].runner_tree(dict(s)) for s in settings]
+    if any(own):  # one method per setting: K is its tree's depth
+        return [Method(mode, tree.depth, settings=s) for tree, s in zip(own, settings, strict=True)]
     for s in settings:
-        cascade = dict(s).get("cascade", "none") != "none"
-        ks = [k for k in CHAIN_KS if k > 2] if cascade else CHAIN_KS  # K <= 2 leaves no draft to guess
+        cascade, int8 = dict(s).get("cascade", "none") != "none", dict(s).get("weights") == "int8"
+        ks = [k for k in CHAIN_KS if k > 2] if cascade else INT8_KS if int8 else CHAIN_KS  # K <= 2: nothing to guess
         out += [Method(mode, k, settings=s) for k in ks]
-        if REGISTRY[mode].runner_trees and not cascade and dict(s).get("weights") != "int8":
+        if REGISTRY[mode].runner_trees and not cascade and not int8:
             out += [Method(mode, shape.depth, shape, s) for shape in map(TreeShape.parse, TREES)]
     return out
 
@@ -161,7 +160,7 @@ def compare_methods(
     draft_scales: dict[tuple, float] = {}
 
     def draft_scale(runner: SpeculativeRunner, batch: int, method: Method) -> float:
-        key = (method.mode, method.settings, method.tree.width if method.tree else 1, batch)
+        key = (method.mode, method.settings, method.k, method.tree.width if method.tree else 1, batch)  # K: cascades
         if key not in draft_scales:
             draft_scales[key] = _draft_scale(runner, batch, method, forward_seconds)
         return draft_scales[key]
@@ -220,14 +219,5 @@ def _draft_scale(runner: SpeculativeRunner, batch: int, method: Method, forward_
     """How the drafting part of a step grows from batch 1 to `batch`."""
     if batch == 1:
         return 1.0
-    drafter = runner.drafter
-    if isinstance(drafter, NgramDrafter | LookaheadDrafter):
-        return float(batch)  # lookups and Jacobi bookkeeping per row on the host
-    if isinstance(drafter, DraftModelDrafter):
-        width = method.tree.width if method.tree else 1
-        scale = forward_seconds(drafter.model, batch, width) / forward_seconds(drafter.model, 1, width)
-        if isinstance(drafter, CascadeDrafter) and drafter.passes[1]:
-            # in a batch a pass runs while any row needs one: count a plain chain's K passes, not batch 1's
-            scale *= method.k / (drafter.passes[0] / drafter.passes[1])
-        return scale
-    return forward_seconds(runner.target, batch, 1) / forward_seconds(runner.target, 1, 1)
+    width = method.tree.width if method.tree else 1
+    return runner.drafter.batch_scale(batch, method.k, width, forward_seconds, runner.target)

@@ -259,7 +259,7 @@ def run_plan(
     if not get_mode(cfg.mode).speculates():
         raise UsageError("speculation.mode is none: there is nothing to plan")
     runner_mode(cfg.mode)  # acceptance is measured with the torch runner: refuse a mode it lacks first
-    if get_mode(cfg.mode).runner_own_tree:
+    if get_mode(cfg.mode).runner_tree(mode_settings(cfg) or {}) is not None:
         raise UsageError(
             f"plan chooses K for a mode's drafts; {cfg.mode}'s follow from its own settings: plan a config of "
             f"another mode, which compares {cfg.mode} among its methods"

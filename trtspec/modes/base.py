@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from trtspec.speculative.batch import KPolicy
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
+    from trtspec.speculative.tree import TreeShape
 
 BACKENDS = ("tensorrt", "pytorch", "torch")  # compiled engines, TensorRT-LLM's LLM API, trtspec's runner
 
@@ -68,7 +69,6 @@ class SpecMode:
         True  # `trtspec build` makes a torch engine of it (else runner only: generate, plan, bench)
     )
     runner_trees: ClassVar[bool] = False  # the torch runner's drafter also proposes token trees (speculation.tree)
-    runner_own_tree: ClassVar[bool] = False  # the runner's drafter verifies the tree its settings give (lookahead)
 
     def settings(self, cfg: DeploymentConfig) -> Any:
         """The mode's section as configured, or its defaults."""
@@ -144,6 +144,11 @@ class SpecMode:
 
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         """The torch runner's drafter (None: plain decoding); `settings` are the mode's section's fields."""
+        return None
+
+    def runner_tree(self, settings: dict[str, Any]) -> TreeShape | None:
+        """The token tree the runner's drafter verifies where the mode's own settings fix it (lookahead's
+        (W, N, G)); None where K or speculation.tree choose it."""
         return None
 
     def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:

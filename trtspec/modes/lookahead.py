@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from trtspec.config import DeploymentConfig
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
+    from trtspec.speculative.tree import TreeShape
 
 
 class LookaheadSection(Section):
@@ -76,7 +77,6 @@ class Lookahead(SpecMode):
     settings_model: ClassVar[type[Section] | None] = LookaheadSection
     engine_mode: ClassVar[str | None] = "lookahead_decoding"
     default_k: ClassVar[int | None] = None
-    runner_own_tree: ClassVar[bool] = True  # its window and n-grams: a tree from (W, N, G)
     torch_deploys: ClassVar[bool] = False  # served torch models read TensorRT-LLM's speculative_config: none here
 
     def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
@@ -95,6 +95,12 @@ class Lookahead(SpecMode):
             return LookaheadDrafter(s.window_size, s.ngram_size, s.verification_set_size)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+
+    def runner_tree(self, settings: dict[str, Any]) -> TreeShape:
+        from trtspec.speculative.lookahead import lookahead_tree
+
+        s = LookaheadSection(**{k: v for k, v in settings.items() if k in LookaheadSection.model_fields})
+        return lookahead_tree(s.window_size, s.ngram_size, s.verification_set_size)
 
     def draft_len(self, cfg: DeploymentConfig) -> int:
         s = self.settings(cfg)

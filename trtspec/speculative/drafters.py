@@ -7,8 +7,9 @@ because verification is only lossless against that distribution.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +35,9 @@ class BatchState:
     @property
     def batch(self) -> int:
         return self.tokens.shape[0]
+
+
+Timer = Callable[[Any, int, int], float]  # seconds of one forward of a model over (batch, tokens)
 
 
 @dataclass
@@ -112,6 +116,12 @@ class Drafter:
         """Called after a verified tree's tokens were appended; `logits` [B, 1+T, V] are the target's at the
         root and every node (lookahead's next guesses)."""
 
+    def batch_scale(self, batch: int, k: int, width: int, seconds: Timer, target: Transformer) -> float:
+        """How this drafter's part of a step grows from batch 1 to `batch` at K (a tree `width` wide), with
+        `seconds(model, batch, tokens)` one forward's time: plan predicts larger batches by it. Heads and MTP
+        layers grow as the target's single-token pass."""
+        return seconds(target, batch, 1) / seconds(target, 1, 1)
+
     def draw(self, logits: torch.Tensor, state: BatchState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A token per row and the processed distribution it was drawn from (the q of verification).
 
@@ -130,6 +140,9 @@ class DraftModelDrafter(Drafter):
     def start(self, state: BatchState, capacity: int) -> None:
         self.cache = self.model.new_cache(state.batch, capacity)
         self.valid = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
+
+    def batch_scale(self, batch: int, k: int, width: int, seconds: Timer, target: Transformer) -> float:
+        return seconds(self.model, batch, width) / seconds(self.model, 1, width)
 
     def admit(self, slots: torch.Tensor, reused: torch.Tensor) -> None:
         self.valid[slots] = torch.minimum(self.valid[slots], reused)
@@ -213,6 +226,11 @@ class CascadeDrafter(DraftModelDrafter):
         self.passes = [0, 0]  # draft passes and steps, for the cost model
         self.rows = [0, 0]  # rows drafted, and of those the ones with guesses
         self.usable: list[int] = []  # [j]: rows whose draft j came from the pass over guesses
+
+    def batch_scale(self, batch: int, k: int, width: int, seconds: Timer, target: Transformer) -> float:
+        scale = super().batch_scale(batch, k, width, seconds, target)
+        # in a batch a pass runs while any row needs one: count a plain chain's K passes, not batch 1's
+        return scale * k / (self.passes[0] / self.passes[1]) if self.passes[1] else scale
 
     def _guesses(self, state: BatchState, slots: Slots, first: torch.Tensor, k: int) -> tuple[torch.Tensor, list[int]]:
         """Up to k-2 n-gram guesses per row for the drafts after the first (they feed the draft's pass)."""
@@ -432,6 +450,9 @@ class NgramDrafter(Drafter):
 
     def start(self, state: BatchState, capacity: int) -> None:
         pass
+
+    def batch_scale(self, batch: int, k: int, width: int, seconds: Timer, target: Transformer) -> float:
+        return float(batch)  # a lookup per row on the host
 
     def ngram_size(self, batch: int) -> int:
         """The longest suffix looked up when `batch` rows draft together."""

@@ -21,10 +21,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtspec.speculative.drafters import BatchState, Drafter
-from trtspec.speculative.model import Slots
+from trtspec.speculative.drafters import BatchState, Drafter, Timer
+from trtspec.speculative.model import Slots, Transformer
 from trtspec.speculative.requests import MAX_TREE_NODES
 from trtspec.speculative.tree import TokenTree, TreeShape
+
+
+def lookahead_tree(window: int, ngram: int, verification: int) -> TreeShape:
+    """The tree the engine reserves room for: the window's W levels or the n-grams' N-1, a node per
+    candidate and the window at each (the tree itself has at most W + G(N-1) nodes)."""
+    return TreeShape(max(window, ngram - 1), verification + 1)
 
 
 @dataclass
@@ -60,9 +66,7 @@ class LookaheadDrafter(Drafter):
 
     @property
     def fixed_tree(self) -> TreeShape:
-        """The tree the engine reserves room for: the window's W levels or the n-grams' N-1, a node per
-        candidate and the window at each (the tree itself has at most W + G(N-1) nodes)."""
-        return TreeShape(max(self.w, self.n - 1), self.g + 1)
+        return lookahead_tree(self.w, self.n, self.g)
 
     @property
     def nodes(self) -> int:
@@ -70,6 +74,9 @@ class LookaheadDrafter(Drafter):
 
     def tree_nodes(self, shape: TreeShape) -> int:
         return self.nodes  # whatever the shape: its own tree
+
+    def batch_scale(self, batch: int, k: int, width: int, seconds: Timer, target: Transformer) -> float:
+        return float(batch)  # the Jacobi step and the pool per row on the host
 
     def start(self, state: BatchState, capacity: int) -> None:
         self.rows: list[_Row | None] = [None] * state.batch
