@@ -12,15 +12,17 @@ sometimes proposes nothing needs: conditional rates per position would count onl
 efficiency = measured speedup / bound.
 
 d and v are counted two ways. As the run paid them (`bound`, `efficiency`): the runner times every step's
-drafting (the drafter's bookkeeping after the pass included) and verification, and one target step is
-plain decoding's pass in its own run; what the bound leaves out is the step's other work (appending
-tokens, counters), so efficiency says how much of the model calls' promise the loop keeps. In isolation
+drafting (the drafter's bookkeeping after the pass included) and verification, in units of plain
+decoding's whole step in its own run; the bound leaves out the method's other work per step (appending
+tokens, counters) and its prefill, so it is an upper bound and efficiency says how much of its model calls'
+promise the loop keeps. In isolation
 (`bound_isolated`, `efficiency_isolated`): each call timed alone at the start of every round, the faster
 kept, and d counts the calls the drafter makes at their widths (`drafting_cost`): a draft model's first
 pass over what it has not seen and then one pass per draft (per tree level, W tokens wide), MTP layer l
 over the m + 1 + l positions it reruns, one heads call for Medusa, 0 for n-gram and lookahead. On this
 CPU a call alone is cheaper than in the loop (a small draft's weights sit in cache when it runs alone and
 are evicted by every target pass beside it), so the isolated bound overstates what any loop can reach.
+Both use the same E[tokens/pass] (the isolated one took conditional rates before 2026-11-26's fourth run).
 Every ratio compares runs made in this one process.
 
     python benchmarks/speculative.py [--prompts 8] [--max-tokens 128] [--out results/speculative.json]
@@ -182,7 +184,7 @@ def drafting_cost(
 def run_trtspec(runner, prompts, max_tokens: int) -> dict:
     params = GenerationParams(max_tokens=max_tokens)
     runner.generate([prompts[0][1]], GenerationParams(max_tokens=8))  # warm-up
-    tokens, seconds, drafted, accepted, steps, draft_s, verify_s = 0, 0.0, 0, 0, 0, 0.0, 0.0
+    tokens, seconds, drafted, accepted, steps, draft_s, verify_s, prefill_s = 0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0
     per_pos_d = [0] * 16
     per_pos_a = [0] * 16
     outputs = []
@@ -197,6 +199,7 @@ def run_trtspec(runner, prompts, max_tokens: int) -> dict:
         steps += g.stats.steps
         draft_s += g.stats.draft_s
         verify_s += g.stats.verify_s
+        prefill_s += g.stats.prefill_s
         for j, (d, a) in enumerate(zip(g.stats.drafted_per_position, g.stats.accepted_per_position, strict=True)):
             per_pos_d[j] += d
             per_pos_a[j] += a
@@ -212,6 +215,7 @@ def run_trtspec(runner, prompts, max_tokens: int) -> dict:
         "tokens_per_pass": (tokens - len(prompts)) / steps if steps else None,
         "draft_ms": 1000 * draft_s / steps if steps else None,  # per step, as the runner timed it
         "verify_ms": 1000 * verify_s / steps if steps else None,
+        "step_ms": 1000 * (seconds - prefill_s) / steps if steps else None,  # the whole decoding step
         "outputs": outputs,
     }
 
@@ -280,13 +284,14 @@ def main() -> int:
         name = label(mode, tree, settings)
         row = {"engine": "trtspec", "mode": mode, "method": name, "k": k, "tree": str(tree) if tree else None}
         row.update({x: y for x, y in res.items() if x != "outputs"})
-        if k:
+        if k and res["steps"] and plain["steps"]:
             acc = res["acceptance_per_position"]
             # E[tokens/pass] from the acceptance counters per step, not from conditional rates: n-gram, lookahead
             # and cascade guesses propose nothing on some steps, which rates over drafted positions do not see
             tokens = 1 + res["accepted"] / res["steps"]
-            # as the run paid them: per step, in target passes over one token as plain decoding paid them
-            d, v = res["draft_ms"] / plain["verify_ms"], res["verify_ms"] / plain["verify_ms"]
+            # as the run paid them, per step, in plain decoding's whole steps: the bound is the speedup the
+            # method would have if its step were its model calls alone
+            d, v = res["draft_ms"] / plain["step_ms"], res["verify_ms"] / plain["step_ms"]
             row.update(draft_cost=d, v=v, bound=tokens / (d + v))
             d = drafting_cost(mode, k, tree, settings, costs, acc, runner.drafter)
             v = costs["v"][runner.verify_width(k)]
@@ -343,7 +348,7 @@ def main() -> int:
         if "bound" in row:
             row["efficiency"] = row["speedup"] / row["bound"]
             row["efficiency_isolated"] = row["speedup"] / row["bound_isolated"]
-    ours = [r for r in rows if r["engine"] == "trtspec" and r["k"]]
+    ours = [r for r in rows if r["engine"] == "trtspec" and "bound" in r]
     best = {}
     for r in ours:
         if r["method"] not in best or r["tokens_per_s"] > best[r["method"]]["tokens_per_s"]:
@@ -389,7 +394,7 @@ def main() -> int:
         per_pass = f"{r['tokens_per_pass']:.2f}" if r.get("tokens_per_pass") else "-"
         bound = f"{r['bound']:.2f}" if "bound" in r else "-"
         eff = f"{r['efficiency']:.2f}" if "efficiency" in r else "-"
-        iso = f"{r['efficiency_isolated']:.2f}" if "efficiency" in r else "-"
+        iso = f"{r['efficiency_isolated']:.2f}" if "efficiency_isolated" in r else "-"
         print(
             f"{r['engine']:13s} {r.get('method', r['mode']):18s} {r['k']:>2d} {r['tokens_per_s']:7.1f} "
             f"{r['speedup']:7.2f} {per_pass:>8s} {acc:>6s} {bound:>6s} {eff:>5s} {iso:>8s}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from trtspec.speculative.cost_model import conditional_rates, expected_tokens_per_step_positional, survival
 
 
@@ -16,7 +18,7 @@ def test_iid_acceptance_gives_leviathans_closed_form():
 
 def test_positional_rates_multiply_down_the_draft():
     assert math.isclose(expected_tokens_per_step_positional([0.9, 0.5]), 1 + 0.9 + 0.45)
-    assert all(map(math.isclose, survival([0.9, 0.5, 0.0, 1.0]), [0.9, 0.45, 0.0, 0.0]))
+    assert survival([0.9, 0.5, 0.0, 1.0]) == pytest.approx([0.9, 0.45, 0.0, 0.0])
     assert expected_tokens_per_step_positional([]) == 1.0
 
 

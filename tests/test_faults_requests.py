@@ -256,6 +256,11 @@ DIRECT = {
         engine_call([1, 2, 3], request_output_len=("INT32", [2**31 - 1])),
         "request_output_len",
     ),
+    "output-len-past-the-room": (  # 3 + 508 fit 512 positions; with the bonus and the step's room they do not
+        "tensorrt_llm",
+        engine_call([1, 2, 3], request_output_len=("INT32", [508])),
+        "request_output_len",
+    ),
     "min-tokens-negative": ("tensorrt_llm", engine_call([1, 2, 3], min_tokens=("INT32", -1)), "min_tokens"),
     "input-lengths-zero": ("tensorrt_llm", engine_call([1, 2, 3], input_lengths=("INT32", [0])), "input_lengths"),
     "token-id-outside-vocab": ("tensorrt_llm", engine_call([1, 2, 10**9]), "input_ids"),

@@ -82,11 +82,12 @@ def candidates(mode: str, settings: list[tuple[tuple[str, Any], ...]]) -> list[M
     its acceptance, so longer chains only, and a cascade speeds up chains of three drafts or more only."""
     out = []
     own = [REGISTRY[mode].runner_tree(dict(s)) for s in settings]
-    if any(own):  # one method per setting: K is its tree's depth
+    if all(tree is not None for tree in own):  # one method per setting: K is its tree's depth
         return [Method(mode, tree.depth, settings=s) for tree, s in zip(own, settings, strict=True)]
     for s in settings:
         cascade, int8 = dict(s).get("cascade", "none") != "none", dict(s).get("weights") == "int8"
-        ks = [k for k in CHAIN_KS if k > 2] if cascade else INT8_KS if int8 else CHAIN_KS  # K <= 2: nothing to guess
+        # a cascade's K <= 2 leaves no draft to guess
+        ks = [k for k in CHAIN_KS if k > 2] if cascade else INT8_KS if int8 else CHAIN_KS
         out += [Method(mode, k, settings=s) for k in ks]
         if REGISTRY[mode].runner_trees and not cascade and not int8:
             out += [Method(mode, shape.depth, shape, s) for shape in map(TreeShape.parse, TREES)]

@@ -154,7 +154,6 @@ def local_costs(
     forward time at that batch and width, and the draft part by the draft's.
     """
     target = runner.target
-    draft_model = getattr(runner.drafter, "model", target)
     plain_1 = step_seconds(plain, calibration, 0, max_tokens, sampling)
     steps_1 = {k: step_seconds(runner, calibration, k, max_tokens, sampling) for k in range(1, acc.probe_k + 1)}
     out: dict[str, Any] = {"by_batch": {}}
@@ -164,7 +163,7 @@ def local_costs(
             plain_b, draft_scale, verify_scale = plain_1, 1.0, {w: 1.0 for w in fwd_1}
         else:
             verify_scale = {w: forward_seconds(target, b, w) / fwd_1[w] for w in fwd_1}
-            draft_scale = forward_seconds(draft_model, b, 1) / forward_seconds(draft_model, 1, 1)
+            draft_scale = runner.drafter.batch_scale(b, acc.probe_k, 1, forward_seconds, target)
             plain_b = plain_1 * verify_scale[1]
         step_b = {}
         for k, s in steps_1.items():

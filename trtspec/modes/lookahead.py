@@ -50,6 +50,11 @@ def lookahead_draft_len(window: int, ngram: int, verification: int) -> int:
     return (0 if ngram == 1 else ngram - 2) + (window - 1 + verification) * (ngram - 1)
 
 
+def _section(settings: dict[str, Any]) -> LookaheadSection:
+    """The runner's settings (the section's fields among others) as the section, defaults filled in."""
+    return LookaheadSection(**{k: v for k, v in settings.items() if k in LookaheadSection.model_fields})
+
+
 class Lookahead(SpecMode):
     name: ClassVar[str] = "lookahead"
     support: ClassVar[tuple[Support, ...]] = (
@@ -90,7 +95,7 @@ class Lookahead(SpecMode):
         from trtspec.errors import UsageError
         from trtspec.speculative.lookahead import LookaheadDrafter
 
-        s = LookaheadSection(**{k: v for k, v in settings.items() if k in LookaheadSection.model_fields})
+        s = _section(settings)
         try:
             return LookaheadDrafter(s.window_size, s.ngram_size, s.verification_set_size)
         except ValueError as exc:
@@ -99,7 +104,7 @@ class Lookahead(SpecMode):
     def runner_tree(self, settings: dict[str, Any]) -> TreeShape:
         from trtspec.speculative.lookahead import lookahead_tree
 
-        s = LookaheadSection(**{k: v for k, v in settings.items() if k in LookaheadSection.model_fields})
+        s = _section(settings)
         return lookahead_tree(s.window_size, s.ngram_size, s.verification_set_size)
 
     def draft_len(self, cfg: DeploymentConfig) -> int:

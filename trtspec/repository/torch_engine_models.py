@@ -275,11 +275,6 @@ class TensorRTLLMModel(BatchedPythonModel):
             )
         if min_tokens > 0 and (drafts or self.speculates):
             raise RequestError("min_tokens with speculation is not supported by trtspec's torch engine")
-        if len(prompt) + max_new + max(len(drafts), self.engine.num_draft_tokens) + 1 > self.engine.capacity:
-            raise RequestError(
-                f"input ({len(prompt)} tokens) + request_output_len ({max_new}) exceed the engine's "
-                f"{self.engine.capacity} positions"
-            )
         streaming = bool(scalar(request, "streaming", False))
         if streaming and not self.decoupled:
             raise RequestError("streaming requires a decoupled model (decoupled_mode True)")
@@ -347,6 +342,12 @@ class TensorRTLLMModel(BatchedPythonModel):
             sampling=sampling,
             stop_token_ids=frozenset([end_id]),
         )
+        need = self.engine.positions_needed(len(prompt), params, len(drafts) if drafts else None)
+        if need > capacity:
+            raise RequestError(
+                f"input ({len(prompt)} tokens) + request_output_len ({params.max_tokens} generated here) need "
+                f"{need} positions with this engine's drafts: more than its {capacity}"
+            )
         seq = Sequence(
             prompt,
             params,

@@ -137,6 +137,30 @@ def draft_room(k: int, engine_k: int, drafting: bool) -> int:
     return max(k, engine_k) if drafting else k
 
 
+def request_k(drafter: Drafter | None, tree: TreeShape | None, engine_k: int, params: GenerationParams) -> int:
+    """Drafts a request asks of a step: none without a drafter, the tree's depth, its own K or the engine's."""
+    if drafter is None:
+        return 0
+    if tree is not None:
+        return tree.depth
+    return engine_k if params.num_draft_tokens is None else params.num_draft_tokens
+
+
+def reserved_positions(
+    prompt_tokens: int,
+    params: GenerationParams,
+    drafter: Drafter | None,
+    tree: TreeShape | None,
+    engine_k: int,
+    given_drafts: int | None = None,
+) -> int:
+    """Positions a sequence reserves: prompt, output, the widest step's drafts (its own K, or the drafts it
+    brings), and the bonus. The engine refuses a sequence by it; runners and servers size and refuse by it."""
+    k = request_k(drafter, tree, engine_k, params) if given_drafts is None else given_drafts
+    room = draft_slots(drafter, tree, draft_room(k, engine_k, drafter is not None))
+    return positions_needed(prompt_tokens, params.max_tokens, room)
+
+
 class KPolicy:
     """Drafts per step for a running batch of `batch` rows; the engine default is a fixed K."""
 
@@ -205,19 +229,9 @@ class BatchEngine:
 
     # -- admission ------------------------------------------------------------------------------
 
-    def positions_needed(self, prompt_tokens: int, params: GenerationParams) -> int:
-        """Positions a sequence reserves: prompt, output, the widest step's drafts, and the bonus."""
-        return positions_needed(prompt_tokens, params.max_tokens, self._draft_slots(self._room(self._k_of(params))))
-
-    def _room(self, k: int) -> int:
-        return draft_room(k, self.num_draft_tokens, self.drafter is not None)
-
-    def _k_of(self, params: GenerationParams) -> int:
-        if self.drafter is None:
-            return 0
-        if self.tree is not None:
-            return self.tree.depth
-        return self.num_draft_tokens if params.num_draft_tokens is None else params.num_draft_tokens
+    def positions_needed(self, prompt_tokens: int, params: GenerationParams, given_drafts: int | None = None) -> int:
+        """What `add` refuses a sequence by (`reserved_positions`), for servers to refuse it first."""
+        return reserved_positions(prompt_tokens, params, self.drafter, self.tree, self.num_draft_tokens, given_drafts)
 
     def _draft_slots(self, k: int) -> int:
         return draft_slots(self.drafter, self.tree, k)
@@ -230,10 +244,12 @@ class BatchEngine:
             raise ValueError(f"max_tokens must be >= 1, got {seq.params.max_tokens}")
         if seq.drafts is not None and self.drafter is not None:  # its caches would not follow the given drafts
             raise ValueError("this model drafts its own tokens: draft_input_ids are for a model without a drafter")
-        seq.num_draft_tokens = len(seq.drafts) if seq.drafts is not None else self._k_of(seq.params)
-        room = self._draft_slots(self._room(seq.num_draft_tokens))
-        need = positions_needed(len(seq.prompt), seq.params.max_tokens, room)
-        if need > self.capacity:
+        seq.num_draft_tokens = (
+            len(seq.drafts)
+            if seq.drafts is not None
+            else request_k(self.drafter, self.tree, self.num_draft_tokens, seq.params)
+        )
+        if self.positions_needed(len(seq.prompt), seq.params, seq.num_draft_tokens) > self.capacity:
             raise ValueError(
                 f"prompt ({len(seq.prompt)}) + max_tokens ({seq.params.max_tokens}) + drafts "
                 f"({seq.num_draft_tokens}) exceed the runner's {self.capacity} positions"

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import torch
 
-from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence, draft_room, draft_slots
+from trtspec.speculative.batch import BatchEngine, KPolicy, Sequence, draft_slots, reserved_positions
 from trtspec.speculative.drafters import Drafter
 from trtspec.speculative.model import Transformer
-from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step, positions_needed
+from trtspec.speculative.requests import Generation, GenerationParams, RequestStats, Step
 from trtspec.speculative.tree import TreeShape
 from trtspec.speculative.verification import verify
 
@@ -74,14 +74,13 @@ class SpeculativeRunner:
             raise ValueError("every prompt needs at least one token")
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        k = 0 if self.drafter is None else (params.num_draft_tokens or self.num_draft_tokens)
-        slots = draft_slots(self.drafter, self.tree, draft_room(k, self.num_draft_tokens, self.drafter is not None))
         # the caches hold what the longest request needs, not max_len
-        capacity = positions_needed(max(len(p) for p in prompts), params.max_tokens, slots)
+        longest = max(len(p) for p in prompts)
+        capacity = reserved_positions(longest, params, self.drafter, self.tree, self.num_draft_tokens)
         if capacity > self.max_len:
             raise ValueError(
-                f"prompt ({max(len(p) for p in prompts)}) + max_tokens ({params.max_tokens}) + drafts "
-                f"({slots}) exceed the runner's {self.max_len} positions"
+                f"prompt ({longest}) + max_tokens ({params.max_tokens}) with its drafts need {capacity} positions: "
+                f"they exceed the runner's {self.max_len}"
             )
         engine = BatchEngine(
             self.target,
