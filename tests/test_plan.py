@@ -147,10 +147,13 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
     assert {r["mode"] for r in rows.values()} == {"draft-target", "self-draft"}
     assert all(1.0 <= r["tokens_per_step"] <= 1 + (4 if r["tree"] else r["k"]) for r in rows.values())
     assert all(set(r["predicted_speedup"]) == {"1", "2", "4"} for r in rows.values())
-    # the leaders are measured again and the recommendation is the best of that second round
+    # the leaders are measured again, the best of that second round is chosen, and a third run of it alone (which
+    # chose nothing) is what plan predicts from
     confirmed = [r for r in rows.values() if r.get("confirmed")]
     assert len(confirmed) == 3
-    assert plan["recommended_method"] == max(confirmed, key=lambda r: r["predicted_speedup"]["1"])
+    chosen = max(confirmed, key=lambda r: r.get("chosen_at", r["predicted_speedup"]["1"]))
+    assert plan["recommended_method"] == chosen and "chosen_at" in chosen
+    assert sum("chosen_at" in r for r in rows.values()) == 1
 
 
 def test_plan_refuses_baseline_and_hub_ids(runner, tmp_path):
