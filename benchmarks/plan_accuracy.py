@@ -124,6 +124,8 @@ def measure_method(config: str, max_tokens: int, max_prompt_tokens: int = 256) -
         "measured_on": len(unseen),
         "recommended_method": best["method"],
         "methods": {r["method"]: r["predicted_speedup"]["1"] for r in plan["methods"]["rows"]},
+        "confirmed": [r["method"] for r in plan["methods"]["rows"] if r.get("confirmed")],  # second runs
+        "chosen_at": {r["method"]: r["chosen_at"] for r in plan["methods"]["rows"] if "chosen_at" in r},
         "predicted_speedup": predicted,
         "measured_speedup": measured,
         "relative_error": abs(predicted - measured) / measured,

@@ -260,12 +260,14 @@ def plan(
     if result.get("methods"):
         methods = Table(title="methods on these prompts (torch runner; speedup predicted per batch size)")
         methods.add_column("method")
+        methods.add_column("run")  # the leaders' figures come from later runs than the rest's
         methods.add_column("tokens/pass")
         for b in result["best_by_batch"]:
             methods.add_column(f"batch {b}")
         for row in sorted(result["methods"]["rows"], key=lambda r: -r["predicted_speedup"]["1"]):
             speedups = [f"{row['predicted_speedup'][b]:.2f}x" for b in result["best_by_batch"]]
-            methods.add_row(row["method"], f"{row['tokens_per_step']:.2f}", *speedups)
+            run = "3rd" if "chosen_at" in row else "2nd" if row.get("confirmed") else "1st"
+            methods.add_row(row["method"], run, f"{row['tokens_per_step']:.2f}", *speedups)
         console.print(methods)
         if chose := result["methods"]["chosen"].get("self-draft"):
             rates = ", ".join(f"{a:.2f}" for a in chose["acceptance_by_layers"])

@@ -151,7 +151,7 @@ def local_costs(
     """Seconds per plain token and per speculative step at each batch size and K, on this machine.
 
     Batch 1 is timed on the runner itself; larger batches scale the verify part by the target's
-    forward time at that batch and width, and the draft part by the draft's.
+    forward time at that batch and width, and the draft part as the drafter says it grows (`batch_scale`).
     """
     target = runner.target
     plain_1 = step_seconds(plain, calibration, 0, max_tokens, sampling)
