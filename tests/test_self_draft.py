@@ -67,6 +67,23 @@ def test_int8_rows_round_trip_within_half_a_step_and_leave_the_target_alone(targ
     assert torch.equal(linear.weight, before) and isinstance(target.lm_head, torch.nn.Linear)
 
 
+@torch.inference_mode()
+def test_the_int8_copy_dequantizes_into_one_buffer_per_shape_and_each_matrix_still_gets_its_own(target):
+    """The int8 copy's matrices share a scratch buffer per shape (a fresh fp32 copy per call left the cost to
+    the allocator); sharing must not mix them up: each call answers with its own rows."""
+    int8 = self_draft_model(target, [0, 1, 2], "int8")
+    mats = [m for m in int8.modules() if isinstance(m, Int8Linear)]
+    q, o = int8.layers[0].o_proj, int8.layers[1].o_proj
+    assert q.weight.shape == o.weight.shape and not torch.equal(q.weight, o.weight)
+    x = torch.randn(2, q.weight.shape[1])
+    for m in (q, o, q):
+        assert torch.allclose(m(x), (x @ m.weight.float().T) * m.scale, atol=1e-5)
+    scratch = mats[0].scratch
+    assert all(m.scratch is scratch for m in mats)
+    int8(torch.tensor([[4, 8, 15]]), torch.arange(3)[None], int8.new_cache(1, 8))
+    assert len(scratch) == len({tuple(m.weight.shape) for m in mats}) < len(mats)
+
+
 @pytest.mark.parametrize(
     "settings,tree",
     [({"layers": [0]}, None), ({"layers": [0, 1]}, "3x2"), ({"weights": "int8"}, None), ({"weights": "int8"}, "2x2")],
