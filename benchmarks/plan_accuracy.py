@@ -27,11 +27,11 @@ from trtspec.config import load_config
 from trtspec.data import data_file
 from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
-from trtspec.methods import run_prompts
+from trtspec.methods import run_prompts, runner_settings
 from trtspec.modes import get_mode
 from trtspec.plan import run_plan
 from trtspec.prompts import load_prompts
-from trtspec.speculative.factory import load_runner, mode_settings
+from trtspec.speculative.factory import load_runner
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams
 from trtspec.speculative.tree import TreeShape
@@ -99,7 +99,7 @@ def measure_method(config: str, max_tokens: int, max_prompt_tokens: int = 256) -
     target_path = cfg.checkpoint_path(cfg.target)
     draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft and get_mode(best["mode"]).needs_draft else None
     max_len = max_prompt_tokens + max_tokens + 32
-    settings = mode_settings(cfg, best["mode"]) if best["mode"] == cfg.mode else None
+    settings = runner_settings(cfg, best["mode"], best["settings"])  # the int8 copy, the layers, the cascade
     spec = load_runner(
         target_path, best["mode"], draft_path, num_draft_tokens=best["k"], max_len=max_len, tree=tree, settings=settings
     )
@@ -113,7 +113,7 @@ def measure_method(config: str, max_tokens: int, max_prompt_tokens: int = 256) -
 
     def rate(runner) -> float:
         m = run_prompts(runner, ids, params)
-        return m["tokens"] / m["loop_s"]
+        return m.tokens / m.loop_s
 
     rounds = [(rate(plain), rate(spec)) for _ in range(2)]  # interleaved against drift
     measured = max(r[1] for r in rounds) / max(r[0] for r in rounds)

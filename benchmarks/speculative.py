@@ -43,7 +43,7 @@ from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.data import data_file
 from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
-from trtspec.methods import LOOKAHEAD_KEYS, LOOKAHEADS, self_draft_settings
+from trtspec.methods import LOOKAHEAD_KEYS, LOOKAHEADS, run_prompts, self_draft_settings
 from trtspec.modes import get_mode
 from trtspec.plan import forward_seconds, median_seconds
 from trtspec.speculative.cost_model import (
@@ -182,41 +182,21 @@ def drafting_cost(
 
 
 def run_trtspec(runner, prompts, max_tokens: int) -> dict:
-    params = GenerationParams(max_tokens=max_tokens)
-    runner.generate([prompts[0][1]], GenerationParams(max_tokens=8))  # warm-up
-    tokens, seconds, drafted, accepted, steps, draft_s, verify_s, prefill_s = 0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0
-    per_pos_d = [0] * 16
-    per_pos_a = [0] * 16
-    outputs = []
-    for _, ids in prompts:
-        t0 = time.perf_counter()
-        g = runner.generate([ids], params)[0]
-        seconds += time.perf_counter() - t0
-        tokens += len(g.tokens)
-        outputs.append(g.tokens)
-        drafted += g.stats.draft_tokens
-        accepted += g.stats.accepted_tokens
-        steps += g.stats.steps
-        draft_s += g.stats.draft_s
-        verify_s += g.stats.verify_s
-        prefill_s += g.stats.prefill_s
-        for j, (d, a) in enumerate(zip(g.stats.drafted_per_position, g.stats.accepted_per_position, strict=True)):
-            per_pos_d[j] += d
-            per_pos_a[j] += a
-    rates = conditional_rates(per_pos_d, per_pos_a)
+    r = run_prompts(runner, [ids for _, ids in prompts], GenerationParams(max_tokens=max_tokens), warm_up=8)
+    tokens, steps, accepted, drafted = r.tokens + len(prompts), r.steps, r.accepted_tokens, r.draft_tokens
     return {
-        "tokens_per_s": tokens / seconds,
+        "tokens_per_s": tokens / r.seconds,
         "tokens": tokens,
-        "seconds": seconds,
+        "seconds": r.seconds,
         "steps": steps,
         "acceptance": accepted / drafted if drafted else None,
         "accepted": accepted,
-        "acceptance_per_position": rates,
-        "tokens_per_pass": (tokens - len(prompts)) / steps if steps else None,
-        "draft_ms": 1000 * draft_s / steps if steps else None,  # per step, as the runner timed it
-        "verify_ms": 1000 * verify_s / steps if steps else None,
-        "step_ms": 1000 * (seconds - prefill_s) / steps if steps else None,  # the whole decoding step
-        "outputs": outputs,
+        "acceptance_per_position": conditional_rates(r.drafted, r.accepted),
+        "tokens_per_pass": r.tokens / steps if steps else None,
+        "draft_ms": 1000 * r.draft_s / steps if steps else None,  # per step, as the runner timed it
+        "verify_ms": 1000 * r.verify_s / steps if steps else None,
+        "step_ms": 1000 * r.loop_s / steps if steps else None,  # the whole decoding step
+        "outputs": r.outputs,
     }
 
 

@@ -228,10 +228,9 @@ def test_what_a_server_checks_is_what_the_engine_refuses_by(pair):
     its own drafts fits at exactly that many positions and is refused at one fewer, plain or drafting."""
     target, draft = pair
     prompt, params = [3, 4, 5], GenerationParams(max_tokens=4)
-    for drafter, given in ((None, 3), (None, None), (DraftModelDrafter(draft), None)):
+    for drafter, drafts in ((None, [6, 7, 8]), (None, None), (DraftModelDrafter(draft), None)):
         runner = SpeculativeRunner(target, drafter, num_draft_tokens=2, max_len=64)
-        need = runner.engine(slots=1, capacity=64).positions_needed(len(prompt), params, given)
-        drafts = [6, 7, 8] if given else None
+        need = runner.engine(slots=1, capacity=64).positions_needed(len(prompt), params, drafts)
         assert run(runner.engine(slots=1, capacity=need), Sequence(prompt, params, drafts=drafts)).result.tokens
         with pytest.raises(ValueError, match="exceed"):
             runner.engine(slots=1, capacity=need - 1).add(Sequence(prompt, params, drafts=drafts))

@@ -13,8 +13,10 @@ from test_check import DEEPSEEK_R1, LLAMA_1B, LLAMA_70B, _published, config
 from trtspec.cli import cli
 from trtspec.config import validate_config
 from trtspec.errors import UsageError
+from trtspec.methods import PromptsRun
 from trtspec.plan import batch_sizes, gpu_costs, predict
 from trtspec.prompts import BUILTIN_PROMPTS, load_prompts
+from trtspec.speculative.requests import RequestStats
 
 
 def test_prompt_formats(tmp_path):
@@ -66,6 +68,21 @@ def test_prediction_from_known_costs():
     assert out["best"][1]["k"] == 2
     # at batch 8 verification is compute-bound: every K loses
     assert out["best"][8]["speedup"] < 1 and out["stops_paying_at_batch"] == 8
+
+
+def test_a_prompt_run_sums_requests_and_keeps_the_prefill_apart():
+    """plan and the methods benchmark read the same sums: tokens after each prefill's first, the loop's seconds
+    without the prefill, per-position counts over chains of different lengths."""
+    run = PromptsRun()
+    a = RequestStats(steps=3, prefill_s=0.5, draft_s=0.25, verify_s=1.0, draft_tokens=6, accepted_tokens=4)
+    a.drafted_per_position, a.accepted_per_position = [3, 3], [3, 1]
+    b = RequestStats(steps=2, prefill_s=0.25, draft_s=0.5, verify_s=0.5, draft_tokens=6, accepted_tokens=2)
+    b.drafted_per_position, b.accepted_per_position = [2, 2, 2], [1, 1, 0]
+    run.add([7, 8, 9, 10, 11, 12, 13, 14], 2.0, a)
+    run.add([1, 2, 3, 4, 5], 1.5, b)
+    assert (run.tokens, run.steps, run.draft_tokens, run.accepted_tokens) == (7 + 4, 5, 12, 6)
+    assert run.loop_s == pytest.approx(3.5 - 0.75) and (run.draft_s, run.verify_s) == (0.75, 1.5)
+    assert (run.drafted, run.accepted) == ([5, 5, 2], [4, 2, 0]) and run.outputs[1] == [1, 2, 3, 4, 5]
 
 
 def test_batch_sizes():

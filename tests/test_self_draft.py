@@ -156,3 +156,32 @@ def test_plan_chooses_the_prefix_by_measured_acceptance_and_cost(target):
     methods = candidates("self-draft", settings)
     assert len({hash(m) for m in methods}) == len(methods) and all(isinstance(m, Method) for m in methods)
     assert best_prefix([0.1, 0.9], [0.5, 0.6]) == 2 and best_prefix([0.8, 0.81], [0.2, 0.9]) == 1
+
+
+@pytest.mark.parametrize(
+    ("section", "label", "ks"),
+    [
+        ({"weights": "int8"}, "self-draft int8 K=", "INT8_KS"),
+        ({"layers": [0, 1]}, "self-draft layers 0-1 K=", "CHAIN_KS"),
+    ],
+)
+def test_the_configured_self_draft_is_compared_as_configured(section, label, ks):
+    """A config that asks for the int8 copy gets the int8 copy's chain lengths in plan, and its label says so."""
+    from conftest import CONFIGS
+
+    from trtspec import methods
+    from trtspec.config import load_config
+    from trtspec.modes.self_draft import SelfDraftSection
+
+    cfg = load_config(CONFIGS / "tiny-draft-target.yaml")
+    speculation = cfg.speculation.model_copy(update={"mode": "self-draft"})
+    cfg = cfg.model_copy(update={"speculation": speculation, "draft": None, "self_draft": SelfDraftSection(**section)})
+    assert cfg.mode == "self-draft"
+    configured = methods.configured_settings(cfg, "self-draft")
+    chains = [m for m in methods.candidates("self-draft", [configured]) if not m.tree]
+    assert [m.k for m in chains] == list(getattr(methods, ks))
+    assert all(m.label.startswith(label) for m in chains), [m.label for m in chains]
+    # what the recommendation is then run with: the configured section under the method's own settings
+    assert methods.runner_settings(cfg, "self-draft", {"weights": "int8"})["weights"] == "int8"
+    assert methods.runner_settings(cfg, "self-draft", {}) == {"layers": None, "weights": "same", **section}
+    assert methods.runner_settings(cfg, "ngram", dict(configured)) == dict(configured)  # not the configured mode

@@ -15,7 +15,7 @@ target's single-token pass).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,22 @@ def candidates(mode: str, settings: list[tuple[tuple[str, Any], ...]]) -> list[M
     return out
 
 
+def runner_settings(cfg: DeploymentConfig, mode: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The section a method runs with: the config's where it is the configured mode, its own settings over it
+    (a recommendation names only what it sets: measuring it without them measures another method)."""
+    return {**((mode == cfg.mode and mode_settings(cfg, mode)) or {}), **settings}
+
+
+def configured_settings(cfg: DeploymentConfig, mode: str) -> tuple[tuple[str, Any], ...]:
+    """What the config's section for `mode` sets (defaults left out), as a method's hashable settings: the
+    configured int8 self-draft is then compared at its own chain lengths and labelled as what it is."""
+    value = REGISTRY[mode].settings(cfg)
+    if value is None:
+        return ()
+    fields = value.model_dump(exclude_defaults=True)
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in fields.items())
+
+
 def self_draft_settings(
     target: Transformer, prompts: list[list[int]], sampling: SamplingParams, forward_seconds
 ) -> tuple[list[tuple[tuple[str, Any], ...]], dict[str, Any]]:
@@ -112,18 +128,55 @@ def self_draft_settings(
     return chosen, {"acceptance_by_layers": acceptance, "cost_by_layers": cost, "layers": layers}
 
 
-def run_prompts(runner: SpeculativeRunner, prompts: list[list[int]], params: GenerationParams) -> dict[str, float]:
-    """Batch 1 over every prompt: output tokens, target passes, and the decoding loop's seconds apart."""
-    runner.generate([prompts[0]], GenerationParams(max_tokens=4, sampling=params.sampling))  # warm-up
-    totals = {"tokens": 0, "steps": 0, "loop_s": 0.0, "draft_s": 0.0}
+@dataclass
+class PromptsRun:
+    """Batch 1 over a prompt set, summed: plan, plan's accuracy check and the methods benchmark read this."""
+
+    tokens: int = 0  # output tokens after each prompt's first (which its prefill gives)
+    steps: int = 0  # target passes after the prefill
+    seconds: float = 0.0  # wall time, prefills included
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    draft_tokens: int = 0  # drafts the target checked (every node of a tree)
+    accepted_tokens: int = 0
+    drafted: list[int] = field(default_factory=list)  # per draft position
+    accepted: list[int] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def loop_s(self) -> float:
+        """The decoding loop's seconds: what speculation changes (the prefill is the same for every method)."""
+        return self.seconds - self.prefill_s
+
+    def add(self, tokens: list[int], seconds: float, stats) -> None:
+        self.outputs.append(tokens)
+        self.tokens += len(tokens) - 1
+        self.seconds += seconds
+        self.steps += stats.steps
+        self.prefill_s += stats.prefill_s
+        self.draft_s += stats.draft_s
+        self.verify_s += stats.verify_s
+        self.draft_tokens += stats.draft_tokens
+        self.accepted_tokens += stats.accepted_tokens
+        for name, counts in (("drafted", stats.drafted_per_position), ("accepted", stats.accepted_per_position)):
+            mine = getattr(self, name)
+            mine += [0] * (len(counts) - len(mine))
+            for j, n in enumerate(counts):
+                mine[j] += n
+
+
+def run_prompts(
+    runner: SpeculativeRunner, prompts: list[list[int]], params: GenerationParams, warm_up: int = 4
+) -> PromptsRun:
+    """Each prompt alone (batch 1), after one short warm-up generation."""
+    runner.generate([prompts[0]], GenerationParams(max_tokens=warm_up, sampling=params.sampling))
+    run = PromptsRun()
     for ids in prompts:
         t0 = time.perf_counter()
         g = runner.generate([ids], params)[0]
-        totals["loop_s"] += time.perf_counter() - t0 - g.stats.prefill_s
-        totals["tokens"] += len(g.tokens) - 1  # the first comes from the prefill
-        totals["steps"] += g.stats.steps
-        totals["draft_s"] += g.stats.draft_s
-    return totals
+        run.add(g.tokens, time.perf_counter() - t0, g.stats)
+    return run
 
 
 def compare_methods(
@@ -148,9 +201,9 @@ def compare_methods(
 
     def plain_seconds() -> float:
         plain = run_prompts(plain_runner, prompts, params)
-        if plain["steps"] == 0:
+        if plain.steps == 0:
             raise UsageError("the prompts produced no decoding steps to compare methods on: raise --max-tokens")
-        return plain["loop_s"] / plain["steps"]
+        return plain.loop_s / plain.steps
 
     plain_s = plain_seconds()
     widths: dict[int, dict[int, float]] = {}
@@ -164,9 +217,13 @@ def compare_methods(
     draft_scales: dict[tuple, float] = {}
 
     def draft_scale(runner: SpeculativeRunner, batch: int, method: Method) -> float:
-        key = (method.mode, method.settings, method.k, method.tree.width if method.tree else 1, batch)  # K: cascades
+        """How the drafting part of a step grows from batch 1 to `batch` (timed once per drafter, K and width)."""
+        if batch == 1:
+            return 1.0
+        width = method.tree.width if method.tree else 1
+        key = (method.mode, method.settings, method.k, width, batch)  # K: a cascade's scale depends on it
         if key not in draft_scales:
-            draft_scales[key] = _draft_scale(runner, batch, method, forward_seconds)
+            draft_scales[key] = runner.drafter.batch_scale(batch, method.k, width, forward_seconds, runner.target)
         return draft_scales[key]
 
     def measure(method: Method) -> dict[str, Any]:
@@ -177,13 +234,13 @@ def compare_methods(
             draft_path if spec.needs_draft else None,
             num_draft_tokens=method.k,
             **where,
-            settings={**((method.mode == cfg.mode and mode_settings(cfg, method.mode)) or {}), **dict(method.settings)},
+            settings=runner_settings(cfg, method.mode, dict(method.settings)),
             tree=method.tree,
         )
         m = run_prompts(runner, prompts, params)
         width = runner.verify_width(method.k)
-        tokens_per_step = m["tokens"] / m["steps"]
-        step_s, draft_s = m["loop_s"] / m["steps"], m["draft_s"] / m["steps"]
+        tokens_per_step = m.tokens / m.steps
+        step_s, draft_s = m.loop_s / m.steps, m.draft_s / m.steps
         by_batch = {}
         for b in batches:
             step_b = draft_s * draft_scale(runner, b, method) + (step_s - draft_s) * target_scale(b, width)
@@ -206,6 +263,8 @@ def compare_methods(
         settings: list[tuple[tuple[str, Any], ...]] = [()]
         if mode == "self-draft" and mode != cfg.mode:
             settings, chose["self-draft"] = self_draft_settings(target, prompts, sampling, forward_seconds)
+        if mode == "self-draft" and mode == cfg.mode:
+            settings = [configured_settings(cfg, mode)]
         if mode == "draft-target":  # the draft model alone, and sped up by n-gram guesses (a cascade)
             settings = [(("cascade", "none"),), (("cascade", "ngram"),)]
         if mode == "lookahead":
@@ -226,11 +285,3 @@ def compare_methods(
     rows = [fresh.get(i, row) for i, row in enumerate(rows)]
     best = max(fresh.values(), key=lambda r: r["predicted_speedup"]["1"])
     return {"plain_ms_per_token": best["plain_ms"], "rows": rows, "recommended": best, "chosen": chose}
-
-
-def _draft_scale(runner: SpeculativeRunner, batch: int, method: Method, forward_seconds) -> float:
-    """How the drafting part of a step grows from batch 1 to `batch`."""
-    if batch == 1:
-        return 1.0
-    width = method.tree.width if method.tree else 1
-    return runner.drafter.batch_scale(batch, method.k, width, forward_seconds, runner.target)

@@ -342,7 +342,7 @@ class TensorRTLLMModel(BatchedPythonModel):
             sampling=sampling,
             stop_token_ids=frozenset([end_id]),
         )
-        need = self.engine.positions_needed(len(prompt), params, len(drafts) if drafts else None)
+        need = self.engine.positions_needed(len(prompt), params, drafts or None)
         if need > capacity:
             raise RequestError(
                 f"input ({len(prompt)} tokens) + request_output_len ({params.max_tokens} generated here) need "

@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -31,7 +32,7 @@ from trtspec.speculative.requests import (
     positions_needed,
 )
 from trtspec.speculative.sampling import probs_from_logits, sample
-from trtspec.speculative.tree import TreeShape, compact, verification_attention, verify_tree
+from trtspec.speculative.tree import TreeShape, TreeVerified, compact, verification_attention, verify_tree
 from trtspec.speculative.verification import Verified, verify, verify_greedy
 
 # on_tokens(tokens) streams each accepted chunk of one sequence; returning True stops it (a stop string)
@@ -137,8 +138,17 @@ def draft_room(k: int, engine_k: int, drafting: bool) -> int:
     return max(k, engine_k) if drafting else k
 
 
-def request_k(drafter: Drafter | None, tree: TreeShape | None, engine_k: int, params: GenerationParams) -> int:
-    """Drafts a request asks of a step: none without a drafter, the tree's depth, its own K or the engine's."""
+def request_k(
+    drafter: Drafter | None,
+    tree: TreeShape | None,
+    engine_k: int,
+    params: GenerationParams,
+    drafts: list[int] | None = None,
+) -> int:
+    """Drafts a request asks of a step: the drafts it brings (TensorRT-LLM's draft_input_ids), else none without
+    a drafter, the tree's depth, its own K or the engine's."""
+    if drafts is not None:
+        return len(drafts)
     if drafter is None:
         return 0
     if tree is not None:
@@ -152,11 +162,11 @@ def reserved_positions(
     drafter: Drafter | None,
     tree: TreeShape | None,
     engine_k: int,
-    given_drafts: int | None = None,
+    drafts: list[int] | None = None,
 ) -> int:
-    """Positions a sequence reserves: prompt, output, the widest step's drafts (its own K, or the drafts it
-    brings), and the bonus. The engine refuses a sequence by it; runners and servers size and refuse by it."""
-    k = request_k(drafter, tree, engine_k, params) if given_drafts is None else given_drafts
+    """Positions a sequence reserves: prompt, output, the widest step's drafts (`request_k`), and the bonus.
+    The engine refuses a sequence by it; runners and servers size and refuse by it."""
+    k = request_k(drafter, tree, engine_k, params, drafts)
     room = draft_slots(drafter, tree, draft_room(k, engine_k, drafter is not None))
     return positions_needed(prompt_tokens, params.max_tokens, room)
 
@@ -229,9 +239,9 @@ class BatchEngine:
 
     # -- admission ------------------------------------------------------------------------------
 
-    def positions_needed(self, prompt_tokens: int, params: GenerationParams, given_drafts: int | None = None) -> int:
+    def positions_needed(self, prompt_tokens: int, params: GenerationParams, drafts: list[int] | None = None) -> int:
         """What `add` refuses a sequence by (`reserved_positions`), for servers to refuse it first."""
-        return reserved_positions(prompt_tokens, params, self.drafter, self.tree, self.num_draft_tokens, given_drafts)
+        return reserved_positions(prompt_tokens, params, self.drafter, self.tree, self.num_draft_tokens, drafts)
 
     def _draft_slots(self, k: int) -> int:
         return draft_slots(self.drafter, self.tree, k)
@@ -244,12 +254,8 @@ class BatchEngine:
             raise ValueError(f"max_tokens must be >= 1, got {seq.params.max_tokens}")
         if seq.drafts is not None and self.drafter is not None:  # its caches would not follow the given drafts
             raise ValueError("this model drafts its own tokens: draft_input_ids are for a model without a drafter")
-        seq.num_draft_tokens = (
-            len(seq.drafts)
-            if seq.drafts is not None
-            else request_k(self.drafter, self.tree, self.num_draft_tokens, seq.params)
-        )
-        if self.positions_needed(len(seq.prompt), seq.params, seq.num_draft_tokens) > self.capacity:
+        seq.num_draft_tokens = request_k(self.drafter, self.tree, self.num_draft_tokens, seq.params, seq.drafts)
+        if self.positions_needed(len(seq.prompt), seq.params, seq.drafts) > self.capacity:
             raise ValueError(
                 f"prompt ({len(seq.prompt)}) + max_tokens ({seq.params.max_tokens}) + drafts "
                 f"({seq.num_draft_tokens}) exceed the runner's {self.capacity} positions"
@@ -437,24 +443,9 @@ class BatchEngine:
         if self.needs_hidden:
             self.state.target_hidden[idx[:, None], positions] = out.hidden
         t2 = time.perf_counter()
-        m = result.num_accepted
-        pos = torch.arange(k, device=self.device)[None, :]
-        self.drafted_pos[idx, :k] += pos < num_drafts[:, None]
-        self.accepted_pos[idx, :k] += pos < m[:, None]
-        self._commit(seqs, result.tokens, m + 1)
-        self.cached[idx] = self.state.lengths[idx] - 1
-        t3 = time.perf_counter()
-        if k > 0 and drafting:
-            self.drafter.commit(self.state, old, k, slots)
-        drafting_s = (t1 - t0) + (time.perf_counter() - t3)  # the drafter's bookkeeping after the pass is drafting
-        for seq, d, a in zip(seqs, num_drafts.tolist(), m.tolist(), strict=True):
-            seq.step_log.append(Step(d, a, drafting_s, t2 - t1))
-        self.last_k, self.last_batch = k, n
-        # the whole step, streaming callbacks included: a cost paid per step is what drafting saves
-        seconds = time.perf_counter() - t0
-        self.policy.observe(
-            n, k, seconds, (pos < num_drafts[:, None]).sum(0).tolist(), (pos < m[:, None]).sum(0).tolist()
-        )
+        drafted = torch.arange(k, device=self.device)[None, :] < num_drafts[:, None]
+        commit = partial(self.drafter.commit, self.state, old, k, slots) if k > 0 and drafting else None
+        self._end_step(seqs, slots, result, drafted, commit, (t0, t1, t2))
 
     def _decode_tree(self, seqs: list[Sequence]) -> None:
         """One step with a token tree: draft it, verify every node in one target pass, keep the accepted path."""
@@ -478,24 +469,40 @@ class BatchEngine:
                 take = (m > j).nonzero().squeeze(1)
                 self.state.target_hidden[idx[take], old[take] + j] = out.hidden[rows[take], 1 + result.path[take, j]]
         t2 = time.perf_counter()
-        m, depth = result.num_accepted, self.tree.depth
-        # per depth: rows whose tree reached it, and rows that accepted that deep
-        reach = (tree.depths[:, None, :] > torch.arange(depth, device=self.device)[None, :, None]) & tree.valid[:, None]
-        reached = reach.any(-1).long()
-        pos = torch.arange(depth, device=self.device)[None, :]
-        self.drafted_pos[idx, :depth] += reached
-        self.accepted_pos[idx, :depth] += pos < m[:, None]
+        # per depth: rows whose tree reached it
+        depths = torch.arange(self.tree.depth, device=self.device)[None, :, None]
+        reached = ((tree.depths[:, None, :] > depths) & tree.valid[:, None]).any(-1)
+        commit = partial(self.drafter.commit_tree, self.state, old, slots, out.logits)  # lookahead's Jacobi step
+        self._end_step(seqs, slots, result, reached, commit, (t0, t1, t2))
+
+    def _end_step(
+        self,
+        seqs: list[Sequence],
+        slots: Slots,
+        result: Verified | TreeVerified,
+        drafted: torch.Tensor,
+        commit: Callable[[], None] | None,
+        times: tuple[float, float, float],
+    ) -> None:
+        """What a chain's step and a tree's end alike: per-position counts, the accepted tokens, the drafter's
+        own commit (timed as drafting: a draft cache's rollback, lookahead's pool), each row's Step and the
+        K policy's observation. `drafted` [rows, K] marks the positions each row drafted (a tree: reached)."""
+        t0, t1, t2 = times
+        idx, m, k = slots.index, result.num_accepted, drafted.shape[1]
+        accepted = torch.arange(k, device=self.device)[None, :] < m[:, None]
+        self.drafted_pos[idx, :k] += drafted
+        self.accepted_pos[idx, :k] += accepted
         self._commit(seqs, result.tokens, m + 1)
         self.cached[idx] = self.state.lengths[idx] - 1
         t3 = time.perf_counter()
-        self.drafter.commit_tree(self.state, old, slots, out.logits)
-        drafting_s = (t1 - t0) + (time.perf_counter() - t3)  # lookahead's Jacobi step and pool are drafting
-        for seq, d, a in zip(seqs, reached.sum(1).tolist(), m.tolist(), strict=True):
+        if commit is not None:
+            commit()
+        drafting_s = (t1 - t0) + (time.perf_counter() - t3)
+        for seq, d, a in zip(seqs, drafted.sum(1).tolist(), m.tolist(), strict=True):
             seq.step_log.append(Step(d, a, drafting_s, t2 - t1))
-        self.last_k, self.last_batch = depth, len(seqs)
-        self.policy.observe(
-            len(seqs), depth, time.perf_counter() - t0, reached.sum(0).tolist(), (pos < m[:, None]).sum(0).tolist()
-        )
+        self.last_k, self.last_batch = k, len(seqs)
+        # the whole step, streaming callbacks included: a cost paid per step is what drafting saves
+        self.policy.observe(len(seqs), k, time.perf_counter() - t0, drafted.sum(0).tolist(), accepted.sum(0).tolist())
 
     def _given_drafts(self, seqs, drafts, q, num_drafts, k_rows):
         """Put the drafts a request brought (and the distribution each was drawn from) into the step's batch."""
