@@ -76,8 +76,10 @@ def test_the_int8_copy_dequantizes_into_one_buffer_per_shape_and_each_matrix_sti
     q, o = int8.layers[0].o_proj, int8.layers[1].o_proj
     assert q.weight.shape == o.weight.shape and not torch.equal(q.weight, o.weight)
     x = torch.randn(2, q.weight.shape[1])
+    first = q(x)  # kept while o and q run again: an output aliasing the shared buffer would change under it
     for m in (q, o, q):
         assert torch.allclose(m(x), (x @ m.weight.float().T) * m.scale, atol=1e-5)
+    assert torch.allclose(first, (x @ q.weight.float().T) * q.scale, atol=1e-5)
     scratch = mats[0].scratch
     assert all(m.scratch is scratch for m in mats)
     int8(torch.tensor([[4, 8, 15]]), torch.arange(3)[None], int8.new_cache(1, 8))

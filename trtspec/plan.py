@@ -160,18 +160,16 @@ def local_costs(
     fwd_1 = {w: forward_seconds(target, 1, w) for w in range(1, acc.probe_k + 2)}
     for b in batches:
         if b == 1:
-            plain_b, draft_scale, verify_scale = plain_1, dict.fromkeys(steps_1, 1.0), dict.fromkeys(fwd_1, 1.0)
+            plain_b, draft_scale, verify_scale = plain_1, 1.0, {w: 1.0 for w in fwd_1}
         else:
             verify_scale = {w: forward_seconds(target, b, w) / fwd_1[w] for w in fwd_1}
-            # per K: a cascade's drafting grows with the passes its K takes
-            draft_scale = {k: runner.drafter.batch_scale(b, k, 1, forward_seconds, target) for k in steps_1}
+            draft_scale = runner.drafter.batch_scale(b, acc.probe_k, 1, forward_seconds, target)
             plain_b = plain_1 * verify_scale[1]
         step_b = {}
         for k, s in steps_1.items():
             draft_part = min(s, k * acc.draft_s_per_token)
-            step_b[k] = draft_part * draft_scale[k] + (s - draft_part) * verify_scale[k + 1]
-        draft_s = acc.draft_s_per_token * draft_scale[acc.probe_k]
-        out["by_batch"][b] = {"plain_s": plain_b, "draft_s": draft_s, "step_s": step_b}
+            step_b[k] = draft_part * draft_scale + (s - draft_part) * verify_scale[k + 1]
+        out["by_batch"][b] = {"plain_s": plain_b, "draft_s": acc.draft_s_per_token * draft_scale, "step_s": step_b}
     out["c"] = acc.draft_s_per_token / plain_1
     return out
 

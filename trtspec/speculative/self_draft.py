@@ -12,9 +12,9 @@ TensorRT-LLM's `--use_weight_only --weight_only_precision int8` stores them): ac
 one. Each matrix is dequantized on its call into a buffer the model's matrices of that shape share
 (gpt-fast's eager form, less the allocation): the buffer stays in cache, so a call reads a quarter of the
 fp32 target's bytes from memory, and this CPU runs the copy's forward in half the target's time. A fresh
-fp32 copy per call instead put the cost in the allocator's hands (3-13 ms a call for the embedded target,
-as glibc mapped and faulted 37 MB of pages or reused them). A fused int8 kernel (TensorRT-LLM's
-weight-only GEMM) would not need the buffer at all.
+fp32 copy per call instead put the cost in the allocator's hands (2.7 ms or 14-18 ms a forward of the
+embedded target, as glibc reused its 37 MB of pages or mapped and faulted them again). A fused int8
+kernel (TensorRT-LLM's weight-only GEMM) would not need the buffer at all.
 """
 
 from __future__ import annotations
