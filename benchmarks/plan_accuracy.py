@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -41,14 +40,9 @@ CONFIGS = ["tiny-draft-target.yaml", "tiny-mtp.yaml"]
 
 
 def tokens_per_second(runner, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> float:
-    params = GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0)
-    runner.generate([prompts[0]], GenerationParams(max_tokens=8, sampling=sampling))  # warm-up
-    tokens, seconds = 0, 0.0
-    for ids in prompts:
-        t0 = time.perf_counter()
-        tokens += len(runner.generate([ids], params)[0].tokens)
-        seconds += time.perf_counter() - t0
-    return tokens / seconds
+    """Whole generations, prefill included: what a user of the recommended K sees."""
+    m = run_prompts(runner, prompts, GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0), warm_up=8)
+    return (m.tokens + len(prompts)) / m.seconds  # each prompt's first token too
 
 
 def measure(config: str, per_category: int, max_tokens: int, max_prompt_tokens: int = 256) -> dict:

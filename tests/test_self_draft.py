@@ -86,6 +86,17 @@ def test_the_int8_copy_dequantizes_into_one_buffer_per_shape_and_each_matrix_sti
     assert len(scratch) == len({tuple(m.weight.shape) for m in mats}) < len(mats)
 
 
+def test_an_int8_buffer_made_under_inference_mode_still_serves_calls_outside_it(target):
+    """The first call may come from the runner (inference mode) and a later one from plain no_grad code: a buffer
+    born as an inference tensor refuses the in-place copy there."""
+    q = Int8Linear(target.layers[0].o_proj)
+    x = torch.randn(2, q.weight.shape[1])
+    with torch.inference_mode():
+        first = q(x)
+    with torch.no_grad():
+        assert torch.allclose(q(x), first)
+
+
 @pytest.mark.parametrize(
     "settings,tree",
     [({"layers": [0]}, None), ({"layers": [0, 1]}, "3x2"), ({"weights": "int8"}, None), ({"weights": "int8"}, "2x2")],

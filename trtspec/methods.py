@@ -24,7 +24,7 @@ from trtspec.errors import UsageError
 from trtspec.modes import REGISTRY, get_mode
 from trtspec.speculative.factory import load_runner, mode_settings
 from trtspec.speculative.model import Transformer
-from trtspec.speculative.requests import SamplingParams, TreeShape
+from trtspec.speculative.requests import RequestStats, SamplingParams, TreeShape
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
 CHAIN_KS = (1, 2, 3, 4)
@@ -149,7 +149,7 @@ class PromptsRun:
         """The decoding loop's seconds: what speculation changes (the prefill is the same for every method)."""
         return self.seconds - self.prefill_s
 
-    def add(self, tokens: list[int], seconds: float, stats) -> None:
+    def add(self, tokens: list[int], seconds: float, stats: RequestStats) -> None:
         self.outputs.append(tokens)
         self.tokens += len(tokens) - 1
         self.seconds += seconds

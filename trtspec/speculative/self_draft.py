@@ -52,7 +52,8 @@ class Int8Linear(nn.Module):
         key = (tuple(self.weight.shape), x.dtype, x.device)
         dense = self.scratch.get(key)
         if dense is None:
-            dense = self.scratch[key] = torch.empty(self.weight.shape, dtype=x.dtype, device=x.device)
+            with torch.inference_mode(False):  # a normal tensor: copy_ into it works in and out of inference mode
+                dense = self.scratch[key] = torch.empty(self.weight.shape, dtype=x.dtype, device=x.device)
         y = F.linear(x, dense.copy_(self.weight)) * self.scale
         return y if self.bias is None else y + self.bias
 
