@@ -134,3 +134,30 @@ def test_readme_shows_the_support_table_from_code():
     readme = (REPO / "README.md").read_text()
     block = readme.split("<!-- support-table -->")[1].split("<!-- /support-table -->")[0].strip()
     assert block == support_table_markdown()
+
+
+def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(runner, tmp_path, monkeypatch):
+    """`trtspec demo --methods` serves any mode the torch engine deploys; a runner-only mode is refused in its
+    own words before anything is built, and the configs written for a choice load and run that mode."""
+    from trtspec import demo
+    from trtspec.modes import REGISTRY
+
+    servable = {m.name for m in REGISTRY.values() if m.torch_deploys and m.speculates() and m.name != "auto"}
+    servable &= {m.name for m in REGISTRY.values() if m.row("torch").exists}
+    assert set(demo.SPECULATIVE) == servable  # a mode the engine gains needs a demo setup, and the demo no other
+
+    ran = []
+    monkeypatch.setattr(demo, "run_demo", lambda out, console, *args: ran.append(args) or 0)
+    result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d"), "--methods", "lookahead"])
+    assert result.exit_code == 2 and "lookahead" in result.output and "not built or served" in result.output
+    assert "Traceback" not in result.output and not ran
+    assert runner.invoke(cli, ["demo", "--methods", " , "]).exit_code == 2
+    result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d"), "--methods", "ngram,ngram"])
+    assert result.exit_code == 0, result.output
+    assert ran[-1][-1] == ("ngram",)
+
+    paths = demo.write_configs(tmp_path / "w", ("ngram",))
+    assert list(paths) == ["baseline", "ngram-fixed", "ngram-adaptive"]
+    cfgs = {name: load_config(path) for name, path in paths.items()}
+    assert cfgs["ngram-fixed"].mode == "ngram" and cfgs["ngram-adaptive"].speculation.policy == "adaptive"
+    assert len({c.serve.grpc_port for c in cfgs.values()}) == 3

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from trtspec import __version__
 from trtspec.errors import TrtspecError, UsageError
-from trtspec.modes import BACKENDS, MODE_NAMES, RUNNER_MODES, get_mode
+from trtspec.modes import BACKENDS, MODE_NAMES, REGISTRY, RUNNER_MODES, get_mode
 
 console = Console()
 
@@ -273,8 +273,10 @@ def plan(
             rates = ", ".join(f"{a:.2f}" for a in chose["acceptance_by_layers"])
             console.print(f"self-draft: acceptance of the first 1, 2, ... layers {rates}; ran {len(chose['layers'])}")
         best = result["recommended_method"]
+        se = best.get("relative_se")
+        spread = f" +/- {100 * se:.0f}% from the prompts' spread" if se is not None else ""
         console.print(
-            f"recommended method: {best['method']} (predicted {best['predicted_speedup']['1']:.2f}x at batch 1)"
+            f"recommended method: {best['method']} (predicted {best['predicted_speedup']['1']:.2f}x at batch 1{spread})"
         )
     console.print(f"wrote {out / 'plan.json'} and {out / 'plan.png'}")
 
@@ -563,16 +565,41 @@ def deploy(config: Path, kind: str, out: Path | None, force: bool, check_only: b
         click.echo(f"  run:   docker compose -f {out / 'compose.yaml'} up --build")
 
 
+def _demo_methods(value: str) -> tuple[str, ...]:
+    """The demo's --methods: modes it has an embedded setup for; any other mode is refused saying why."""
+    from trtspec.demo import SPECULATIVE
+
+    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    for name in names:
+        if name in SPECULATIVE:
+            continue
+        mode = REGISTRY.get(name)
+        # a mode the torch engine lacks says so in its own words (the base rule reads no config)
+        why = mode.torch_deploy_refusal(None) if mode and not mode.torch_deploys else None
+        why = why or f"{name}: not a mode the demo has an embedded setup for"
+        raise click.BadParameter(f"{why}; the demo serves {', '.join(SPECULATIVE)}")
+    if not names:
+        raise click.BadParameter(f"name at least one of {', '.join(SPECULATIVE)}")
+    return names
+
+
 @cli.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("trtspec-demo"))
 @click.option("--requests", type=click.IntRange(2), default=32, help="Requests per load level and target.")
 @click.option("--lossless-samples", type=click.IntRange(20), help="Samples per side per context (default: enough).")
-def demo(out: Path, requests: int, lossless_samples: int | None) -> None:
+@click.option(
+    "--methods",
+    default="draft-target,mtp",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _demo_methods(value),
+    help="Speculative modes to serve and bench against the baseline, comma-separated.",
+)
+def demo(out: Path, requests: int, lossless_samples: int | None, methods: tuple[str, ...]) -> None:
     """Build, serve and A/B-bench the embedded pair (baseline, draft-target, MTP) with the lossless check."""
     from trtspec.bench.tables import for_output
     from trtspec.demo import LOSSLESS, run_demo
 
-    code = run_demo(out, for_output(console), requests, lossless_samples or LOSSLESS["samples"])
+    code = run_demo(out, for_output(console), requests, lossless_samples or LOSSLESS["samples"], methods)
     if code:
         sys.exit(code)
 

@@ -1,6 +1,7 @@
 """`trtspec demo`: the whole product on the embedded pair, on this machine, in a few minutes.
 
-It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour), each
+It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour; `--methods` picks
+among the modes a torch engine serves, n-gram too), each
 speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch), serves
 each on its own real tritonserver, and benches each against the baseline over gRPC streaming on the
 same prompts and schedule at concurrency 1 to 16, with the lossless check on the fixed-K servers
@@ -35,22 +36,29 @@ SPECULATIVE = {
         "speculation": {"mode": "draft-target", "num_draft_tokens": 2},
     },
     "mtp": {"mtp": {"num_nextn_predict_layers": 2}, "speculation": {"mode": "mtp", "num_draft_tokens": 2}},
+    "ngram": {"speculation": {"mode": "ngram", "num_draft_tokens": 2}},
 }
+DEFAULT_METHODS = ("draft-target", "mtp")
 POLICIES = ("fixed", "adaptive")
-MODES = {"baseline": {"speculation": {"mode": "none"}}} | {
-    f"{mode}-{policy}": {**extra, "speculation": {**extra["speculation"], "policy": policy}}
-    for mode, extra in SPECULATIVE.items()
-    for policy in POLICIES
-}
 LEVELS = (1, 2, 4, 8, 16)
 
 
-def write_configs(workdir: Path) -> dict[str, Path]:
+def demo_modes(methods: tuple[str, ...] = DEFAULT_METHODS) -> dict[str, dict]:
+    """The servers the demo runs: the baseline, then each method with a fixed K and with the adaptive policy."""
+    return {"baseline": {"speculation": {"mode": "none"}}} | {
+        f"{mode}-{policy}": {**SPECULATIVE[mode], "speculation": {**SPECULATIVE[mode]["speculation"], "policy": policy}}
+        for mode in methods
+        for policy in POLICIES
+    }
+
+
+def write_configs(workdir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> dict[str, Path]:
     from trtspec.serve.server import free_ports
 
     paths = {}
-    ports_left = free_ports(3 * len(MODES))
-    for name, extra in MODES.items():
+    modes = demo_modes(methods)
+    ports_left = free_ports(3 * len(modes))
+    for name, extra in modes.items():
         data = {"name": f"demo-{name}", **COMMON, **extra}
         data["build"] = {**COMMON["build"], "output_dir": str(workdir / "engines")}
         ports = {f"{k}_port": ports_left.pop() for k in ("http", "grpc", "metrics")}
@@ -68,14 +76,20 @@ def write_configs(workdir: Path) -> dict[str, Path]:
 LOSSLESS = {"samples": 1000, "tokens": 4, "prompts": 1, "temperature": 1.0}
 
 
-def run_demo(workdir: Path, console: Console, requests: int = 32, lossless_samples: int = LOSSLESS["samples"]) -> int:
+def run_demo(
+    workdir: Path,
+    console: Console,
+    requests: int = 32,
+    lossless_samples: int = LOSSLESS["samples"],
+    methods: tuple[str, ...] = DEFAULT_METHODS,
+) -> int:
     from trtspec.build.builder import run_build
     from trtspec.config import load_config
     from trtspec.repository.package import package_repository
     from trtspec.serve.server import Ports, start_server, wait_ready
 
     workdir.mkdir(parents=True, exist_ok=True)
-    configs = {name: load_config(path) for name, path in write_configs(workdir).items()}
+    configs = {name: load_config(path) for name, path in write_configs(workdir, methods).items()}
     for name, cfg in configs.items():
         run_build(cfg)
         console.print(f"built and packaged {name}: {package_repository(cfg)}")
@@ -92,7 +106,7 @@ def run_demo(workdir: Path, console: Console, requests: int = 32, lossless_sampl
         prompts = from_file(load_tokenizer(tokenizer), ASSETS_DIR / "demo_prompts.jsonl", 48)
         failed = False
         curves: dict[str, BenchSummary] = {}
-        for name in MODES:
+        for name in configs:
             if name == "baseline":
                 continue
             fixed = name.endswith("-fixed")
