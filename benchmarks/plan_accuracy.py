@@ -30,7 +30,7 @@ from trtspec.methods import run_prompts, runner_settings
 from trtspec.modes import get_mode
 from trtspec.plan import run_plan
 from trtspec.prompts import load_prompts
-from trtspec.speculative.factory import load_runner
+from trtspec.speculative.factory import load_runner, runner_for
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams
 from trtspec.speculative.tree import TreeShape
@@ -51,10 +51,8 @@ def measure(config: str, per_category: int, max_tokens: int, max_prompt_tokens: 
     plan = run_plan(cfg, prompts, max_tokens, max_prompt_tokens=max_prompt_tokens)
     k = plan["recommended_num_draft_tokens"]
     target_path = cfg.checkpoint_path(cfg.target)
-    draft_path = cfg.checkpoint_path(cfg.draft) if cfg.draft else None
-    max_len = max_prompt_tokens + max_tokens + k + 8
-    spec = load_runner(target_path, cfg.mode, draft_path, num_draft_tokens=k, max_len=max_len)
-    plain = load_runner(target_path, "none", max_len=max_len, target=spec.target)
+    spec = runner_for(cfg, num_draft_tokens=k)  # as generate and the served model run it: the mode's section too
+    plain = load_runner(target_path, "none", max_len=spec.target.max_positions, target=spec.target)
     tokenizer = AutoTokenizer.from_pretrained(str(target_path))
     ids = [tokenizer(p.text).input_ids[-max_prompt_tokens:] for p in prompts]
     s = cfg.speculation.sampling
@@ -121,6 +119,7 @@ def measure_method(config: str, max_tokens: int, max_prompt_tokens: int = 256) -
         "confirmed": [r["method"] for r in plan["methods"]["rows"] if r.get("confirmed")],  # second runs
         "chosen_at": {r["method"]: r["chosen_at"] for r in plan["methods"]["rows"] if "chosen_at" in r},
         "predicted_speedup": predicted,
+        "predicted_relative_se": best["relative_se"],  # tokens/step's over plan's prompts
         "measured_speedup": measured,
         "relative_error": abs(predicted - measured) / measured,
     }

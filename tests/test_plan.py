@@ -83,6 +83,13 @@ def test_a_prompt_run_sums_requests_and_keeps_the_prefill_apart():
     assert (run.tokens, run.steps, run.draft_tokens, run.accepted_tokens) == (7 + 4, 5, 12, 6)
     assert run.loop_s == pytest.approx(3.5 - 0.75) and (run.draft_s, run.verify_s) == (0.75, 1.5)
     assert (run.drafted, run.accepted) == ([5, 5, 2], [4, 2, 0]) and run.outputs[1] == [1, 2, 3, 4, 5]
+    # tokens/step's spread over the prompts: 7/3 and 4/2 around 11/5, residuals +-0.4, so sqrt(0.32 x 2) / 5 / 2.2
+    assert run.tokens_per_step_se == pytest.approx(0.8 / 5 / 2.2)
+    one = PromptsRun()
+    one.add([1, 2, 3], 1.0, RequestStats(steps=2))
+    assert one.tokens_per_step_se is None  # no spread from one prompt
+    one.add([4, 5, 6, 7, 8], 1.0, RequestStats(steps=4))
+    assert one.tokens_per_step_se == 0.0  # both at one token a step
 
 
 def test_batch_sizes():
@@ -165,6 +172,8 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
     assert {r["mode"] for r in rows.values()} == {"draft-target", "self-draft"}
     assert all(1.0 <= r["tokens_per_step"] <= 1 + (4 if r["tree"] else r["k"]) for r in rows.values())
     assert all(set(r["predicted_speedup"]) == {"1", "2", "4"} for r in rows.values())
+    # each prediction carries tokens/step's standard error over the three prompts (none equal: some spread)
+    assert all(0 <= r["relative_se"] < 1 for r in rows.values()) and any(r["relative_se"] > 0 for r in rows.values())
     # the leaders are measured again; the best of that second round runs a third time (a run that chose nothing),
     # and so does the next leader while a third run falls below what it was chosen at; plan predicts from the best
     # third run

@@ -143,6 +143,19 @@ class PromptsRun:
     drafted: list[int] = field(default_factory=list)  # per draft position
     accepted: list[int] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
+    per_prompt: list[tuple[int, int]] = field(default_factory=list)  # (tokens, steps) of each prompt
+
+    @property
+    def tokens_per_step_se(self) -> float | None:
+        """The standard error of tokens per step over the prompts, relative to it (None under two prompts): a
+        prediction from these prompts is that uncertain from their own spread, before any timing noise.
+        Tokens/step is a ratio of sums, so the ratio estimator's: sum((t - r s)^2) n / (n - 1) / S^2."""
+        n = len(self.per_prompt)
+        if n < 2 or self.steps == 0 or self.tokens == 0:
+            return None
+        r = self.tokens / self.steps
+        spread = sum((t - r * s) ** 2 for t, s in self.per_prompt) * n / (n - 1)
+        return spread**0.5 / self.steps / r
 
     @property
     def loop_s(self) -> float:
@@ -151,6 +164,7 @@ class PromptsRun:
 
     def add(self, tokens: list[int], seconds: float, stats: RequestStats) -> None:
         self.outputs.append(tokens)
+        self.per_prompt.append((len(tokens) - 1, stats.steps))
         self.tokens += len(tokens) - 1
         self.seconds += seconds
         self.steps += stats.steps
@@ -252,6 +266,7 @@ def compare_methods(
             "tree": str(method.tree) if method.tree else None,
             "settings": dict(method.settings),
             "tokens_per_step": tokens_per_step,
+            "relative_se": m.tokens_per_step_se,  # of tokens/step over the prompts: every batch's prediction shares it
             "step_ms": 1000 * step_s,
             "plain_ms": 1000 * plain_s,  # the baseline it was compared with (each round has its own)
             "draft_ms": 1000 * draft_s,
