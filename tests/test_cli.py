@@ -142,6 +142,7 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     from trtspec import demo
     from trtspec.modes import REGISTRY
 
+    # auto is left out: plan picks its K, and the demo runs each mode at a fixed K and adaptively
     servable = {m.name for m in REGISTRY.values() if m.torch_deploys and m.speculates() and m.name != "auto"}
     servable &= {m.name for m in REGISTRY.values() if m.row("torch").exists}
     assert set(demo.SPECULATIVE) == servable  # a mode the engine gains needs a demo setup, and the demo no other
@@ -151,7 +152,16 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d"), "--methods", "lookahead"])
     assert result.exit_code == 2 and "lookahead" in result.output and "not built or served" in result.output
     assert "Traceback" not in result.output and not ran
+    for mode in REGISTRY.values():  # every mode the engine lacks is refused in a line, none crashes the option
+        if mode.name not in demo.SPECULATIVE:
+            refused = runner.invoke(cli, ["demo", "--methods", mode.name])
+            assert refused.exit_code == 2 and mode.name in refused.output, mode.name
+            assert isinstance(refused.exception, SystemExit), refused.exception  # a usage error, not a crash
     assert runner.invoke(cli, ["demo", "--methods", " , "]).exit_code == 2
+    refused = runner.invoke(cli, ["demo", "--methods", "none"])
+    assert refused.exit_code == 2 and "the baseline always runs" in refused.output
+    result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d")])  # the default: the demo as it always ran
+    assert result.exit_code == 0 and ran[-1][-1] == demo.DEFAULT_METHODS == ("draft-target", "mtp")
     result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d"), "--methods", "ngram,ngram"])
     assert result.exit_code == 0, result.output
     assert ran[-1][-1] == ("ngram",)

@@ -274,7 +274,7 @@ def plan(
             console.print(f"self-draft: acceptance of the first 1, 2, ... layers {rates}; ran {len(chose['layers'])}")
         best = result["recommended_method"]
         se = best.get("relative_se")
-        spread = f" +/- {100 * se:.0f}% from the prompts' spread" if se is not None else ""
+        spread = f" +/- {100 * se:.1f}% from the prompts' spread" if se is not None else ""
         console.print(
             f"recommended method: {best['method']} (predicted {best['predicted_speedup']['1']:.2f}x at batch 1{spread})"
         )
@@ -565,10 +565,12 @@ def deploy(config: Path, kind: str, out: Path | None, force: bool, check_only: b
         click.echo(f"  run:   docker compose -f {out / 'compose.yaml'} up --build")
 
 
-def _demo_methods(value: str) -> tuple[str, ...]:
-    """The demo's --methods: modes it has an embedded setup for; any other mode is refused saying why."""
-    from trtspec.demo import SPECULATIVE
+def _demo_methods(value: str | None) -> tuple[str, ...]:
+    """The demo's --methods: modes it has an embedded setup for (None: its default); any other is refused saying why."""
+    from trtspec.demo import DEFAULT_METHODS, SPECULATIVE
 
+    if value is None:
+        return DEFAULT_METHODS
     names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
     for name in names:
         if name in SPECULATIVE:
@@ -576,6 +578,7 @@ def _demo_methods(value: str) -> tuple[str, ...]:
         mode = REGISTRY.get(name)
         # a mode the torch engine lacks says so in its own words (the base rule reads no config)
         why = mode.torch_deploy_refusal(None) if mode and not mode.torch_deploys else None
+        why = why or ("none: the baseline always runs" if name == "none" else None)
         why = why or f"{name}: not a mode the demo has an embedded setup for"
         raise click.BadParameter(f"{why}; the demo serves {', '.join(SPECULATIVE)}")
     if not names:
@@ -589,13 +592,11 @@ def _demo_methods(value: str) -> tuple[str, ...]:
 @click.option("--lossless-samples", type=click.IntRange(20), help="Samples per side per context (default: enough).")
 @click.option(
     "--methods",
-    default="draft-target,mtp",
-    show_default=True,
     callback=lambda _ctx, _param, value: _demo_methods(value),
-    help="Speculative modes to serve and bench against the baseline, comma-separated.",
+    help="Speculative modes to serve and bench against the baseline, comma-separated (default: draft-target,mtp).",
 )
 def demo(out: Path, requests: int, lossless_samples: int | None, methods: tuple[str, ...]) -> None:
-    """Build, serve and A/B-bench the embedded pair (baseline, draft-target, MTP) with the lossless check."""
+    """Build, serve and A/B-bench the embedded pair (by default baseline, draft-target, MTP) with the lossless check."""
     from trtspec.bench.tables import for_output
     from trtspec.demo import LOSSLESS, run_demo
 

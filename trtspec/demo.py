@@ -1,7 +1,7 @@
 """`trtspec demo`: the whole product on the embedded pair, on this machine, in a few minutes.
 
 It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour; `--methods` picks
-among the modes a torch engine serves, n-gram too), each
+among the modes a torch engine serves at a K of their own, n-gram too), each
 speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch), serves
 each on its own real tritonserver, and benches each against the baseline over gRPC streaming on the
 same prompts and schedule at concurrency 1 to 16, with the lossless check on the fixed-K servers
