@@ -143,18 +143,19 @@ class PromptsRun:
     drafted: list[int] = field(default_factory=list)  # per draft position
     accepted: list[int] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
-    per_prompt: list[tuple[int, int]] = field(default_factory=list)  # (tokens, steps) of each prompt
+    prompt_steps: list[int] = field(default_factory=list)  # each prompt's steps, beside its output in `outputs`
 
     @property
     def tokens_per_step_se(self) -> float | None:
         """The standard error of tokens per step over the prompts, relative to it (None under two prompts): a
         prediction from these prompts is that uncertain from their own spread, before any timing noise.
         Tokens/step is a ratio of sums, so the ratio estimator's: sum((t - r s)^2) n / (n - 1) / S^2."""
-        n = len(self.per_prompt)
+        n = len(self.prompt_steps)
         if n < 2 or self.steps == 0 or self.tokens == 0:
             return None
         r = self.tokens / self.steps
-        spread = sum((t - r * s) ** 2 for t, s in self.per_prompt) * n / (n - 1)
+        spread = sum((len(out) - 1 - r * s) ** 2 for out, s in zip(self.outputs, self.prompt_steps, strict=True))
+        spread *= n / (n - 1)
         return spread**0.5 / self.steps / r
 
     @property
@@ -164,7 +165,7 @@ class PromptsRun:
 
     def add(self, tokens: list[int], seconds: float, stats: RequestStats) -> None:
         self.outputs.append(tokens)
-        self.per_prompt.append((len(tokens) - 1, stats.steps))
+        self.prompt_steps.append(stats.steps)
         self.tokens += len(tokens) - 1
         self.seconds += seconds
         self.steps += stats.steps
