@@ -83,11 +83,12 @@ class SpecMode:
                 return row
         raise KeyError((self.name, backend))
 
-    def where(self) -> str:
-        """Where the mode exists, for errors that refuse it elsewhere: 'pytorch (TensorRT-LLM 1.0-1.2), torch'."""
+    def where(self, besides: str | None = None) -> str:
+        """Where the mode exists (other than backend `besides`), for errors that refuse it elsewhere:
+        'pytorch (TensorRT-LLM 1.0-1.2), torch'."""
         places = []
         for row in self.support:
-            if not row.exists:
+            if not row.exists or row.backend == besides:
                 continue
             if row.versions is None:
                 places.append(row.backend)
@@ -105,7 +106,7 @@ class SpecMode:
             return None
         return (
             f"mode {self.name} runs in trtspec's torch runner (generate, plan, bench) but is not built or served on "
-            f"backend torch yet; build it for {self.where()}"
+            f"backend torch yet; build it for {self.where(besides='torch')}"
         )
 
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
