@@ -22,7 +22,7 @@ from functools import partial
 import torch
 
 from trtspec.speculative.drafters import BatchState, Drafter, _positions, _window
-from trtspec.speculative.model import Slots, Transformer
+from trtspec.speculative.model import ForwardOut, Slots, Transformer
 from trtspec.speculative.requests import (
     Generation,
     GenerationParams,
@@ -225,8 +225,10 @@ class BatchEngine:
             lengths=torch.zeros(slots, dtype=torch.long, device=self.device),
         )
         self.needs_hidden = drafter is not None and drafter.needs_target_hidden
+        # an EAGLE-3 head reads several layers' outputs instead of the final hidden state
+        self.capture: tuple[int, ...] = drafter.feature_layers if drafter is not None else ()
         if self.needs_hidden:
-            d, dtype = target.dims.hidden_size, target.embed_tokens.weight.dtype
+            d, dtype = target.dims.hidden_size * max(1, len(self.capture)), target.embed_tokens.weight.dtype
             self.state.target_hidden = torch.zeros(slots, self.capacity, d, dtype=dtype, device=self.device)
         self.cache = target.new_cache(slots, self.capacity)
         width = max(self.num_draft_tokens, 1)
@@ -378,9 +380,9 @@ class BatchEngine:
         positions = _positions(starts, counts)
         # logits only at each row's last column (the padding repeats the last real position); the
         # hidden states MTP reads come back for every position either way
-        out = self.target(tokens, positions, self.cache, last_only=True, slots=slots)
+        out = self.target(tokens, positions, self.cache, last_only=True, slots=slots, capture=self.capture)
         if self.needs_hidden:
-            self.state.target_hidden[slots.index[:, None], positions] = out.hidden
+            self.state.target_hidden[slots.index[:, None], positions] = self._states(out)
         for seq, n in chunks:
             seq.fed += n
             self.cached[seq.slot] = seq.fed
@@ -437,15 +439,19 @@ class BatchEngine:
             columns = torch.cat([columns, columns[:, -1:].expand(n, k + 1 - columns.shape[1])], 1)
         step_tokens = step_tokens.gather(1, columns)
         positions = (old - 1)[:, None] + columns
-        out = self.target(step_tokens, positions, self.cache, slots=slots)
+        out = self.target(step_tokens, positions, self.cache, slots=slots, capture=self.capture)
         logits = self._plain_column(seqs, plain, out.logits)
         result = sampling.verify(drafts, q, logits, num_drafts, self.verify_fn)
         if self.needs_hidden:
-            self.state.target_hidden[idx[:, None], positions] = out.hidden
+            self.state.target_hidden[idx[:, None], positions] = self._states(out)
         t2 = time.perf_counter()
         drafted = torch.arange(k, device=self.device)[None, :] < num_drafts[:, None]
         commit = partial(self.drafter.commit, self.state, old, k, slots) if k > 0 and drafting else None
         self._end_step(seqs, slots, result, drafted, commit, (t0, t1, t2))
+
+    def _states(self, out: ForwardOut) -> torch.Tensor:
+        """What the drafter reads per position: the captured layers' outputs, else the final hidden state."""
+        return out.features if self.capture else out.hidden
 
     def _decode_tree(self, seqs: list[Sequence]) -> None:
         """One step with a token tree: draft it, verify every node in one target pass, keep the accepted path."""
@@ -459,15 +465,16 @@ class BatchEngine:
         t1 = time.perf_counter()
         root = self.state.tokens[idx, old - 1][:, None]
         positions, attention = verification_attention(tree, old)
-        out = self.target(torch.cat([root, tree.tokens], 1), positions, self.cache, slots=slots, tree=attention)
+        tokens = torch.cat([root, tree.tokens], 1)
+        out = self.target(tokens, positions, self.cache, slots=slots, tree=attention, capture=self.capture)
         result = verify_tree(tree, out.logits, sampling, self.tree.depth)
         compact(self.cache, slots, old, result.path, result.num_accepted)
         if self.needs_hidden:  # the root's and the accepted path's states, at the positions they now hold
-            m, rows = result.num_accepted, torch.arange(len(seqs), device=self.device)
-            self.state.target_hidden[idx, old - 1] = out.hidden[:, 0]
+            m, rows, states = result.num_accepted, torch.arange(len(seqs), device=self.device), self._states(out)
+            self.state.target_hidden[idx, old - 1] = states[:, 0]
             for j in range(result.path.shape[1]):
                 take = (m > j).nonzero().squeeze(1)
-                self.state.target_hidden[idx[take], old[take] + j] = out.hidden[rows[take], 1 + result.path[take, j]]
+                self.state.target_hidden[idx[take], old[take] + j] = states[rows[take], 1 + result.path[take, j]]
         t2 = time.perf_counter()
         # per depth: rows whose tree reached it
         depths = torch.arange(self.tree.depth, device=self.device)[None, :, None]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trtspec.speculative.model import Slots, Transformer
+from trtspec.speculative.model import ForwardOut, KVCache, Slots, Transformer
 
 if TYPE_CHECKING:
     from trtspec.speculative.batch import RowSampling
@@ -90,6 +90,7 @@ class Drafter:
     and `commit_tree` after the tree was verified."""
 
     needs_target_hidden = False
+    feature_layers: tuple[int, ...] = ()  # target layers whose outputs it reads instead of the final state
     proposes_trees = False
     fixed_tree: TreeShape | None = None  # a drafter that only drafts trees of its own shape (lookahead)
 
@@ -305,7 +306,7 @@ class MTPDrafter(Drafter):
     def start(self, state: BatchState, capacity: int) -> None:
         b, d = state.batch, self.model.dims.hidden_size
         weight = self.model.embed_tokens.weight
-        self.cache = self.model.new_mtp_cache(b, capacity)
+        self.cache = self._new_cache(b, capacity)
         self.hidden = torch.zeros(self.depths, b, capacity, d, dtype=weight.dtype, device=weight.device)
         self.valid = torch.zeros(self.depths, b, dtype=torch.long, device=weight.device)
 
@@ -342,7 +343,7 @@ class MTPDrafter(Drafter):
         for j in range(self.depths, k):  # cyclic reuse beyond the last layer
             depth, round_ = j % self.depths, j // self.depths
             pos = (n - 2 + round_)[:, None]
-            out = self.model.mtp_forward(depth, last_hidden[:, None], drafts[-1][:, None], pos, self.cache, slots)
+            out = self._layer(depth, last_hidden[:, None], drafts[-1][:, None], pos, self.cache, slots)
             last_hidden = out.hidden[:, -1]
             d, q = self.draw(out.logits[:, -1], state)
             drafts.append(d)
@@ -355,9 +356,15 @@ class MTPDrafter(Drafter):
         pos = _positions(starts, counts)
         hid = _window(source, starts, counts, idx)
         toks = _window(seq, starts + depth + 1, counts)
-        out = self.model.mtp_forward(depth, hid, toks, pos, self.cache, slots, last_only)
+        out = self._layer(depth, hid, toks, pos, self.cache, slots, last_only)
         self.hidden[depth][idx[:, None], pos] = out.hidden
         return out
+
+    def _new_cache(self, batch: int, capacity: int) -> KVCache:
+        return self.model.new_mtp_cache(batch, capacity)
+
+    def _layer(self, depth, hidden, tokens, positions, cache, slots, last_only: bool = False) -> ForwardOut:
+        return self.model.mtp_forward(depth, hidden, tokens, positions, cache, slots, last_only)
 
     def commit(self, state: BatchState, old_lengths: torch.Tensor, k: int, slots: Slots) -> None:
         # depth l is exact where its token index stays within the sequence committed when it ran

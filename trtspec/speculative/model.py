@@ -118,12 +118,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Block(nn.Module):
     """A Llama decoder block; q/k/v and gate/up are fused into one matmul each for fewer calls."""
 
-    def __init__(self, d: ModelDims) -> None:
+    def __init__(self, d: ModelDims, attention_in: int | None = None) -> None:
         super().__init__()
         self.d = d
         q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         self.input_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
-        self.qkv = nn.Linear(d.hidden_size, q + 2 * kv, bias=d.attention_bias)
+        # attention reads the normed input: width d, or 2d in an EAGLE-3 layer ([embedding, hidden])
+        self.qkv = nn.Linear(attention_in or d.hidden_size, q + 2 * kv, bias=d.attention_bias)
         self.o_proj = nn.Linear(q, d.hidden_size, bias=False)
         self.post_attention_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         self.gate_up = nn.Linear(d.hidden_size, 2 * d.intermediate_size, bias=False)
@@ -141,9 +142,29 @@ class Block(nn.Module):
         kv_len: int,
         slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        x = x + self.attention(self.input_layernorm(x), cos, sin, cache, layer, positions, mask, kv_len, slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+    def attention(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        layer: int,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv_len: int,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Self-attention over the cache on already-normed input `h`, its keys and values written first."""
         d = self.d
-        b, t, _ = x.shape
-        qkv = self.qkv(self.input_layernorm(x))
+        b, t, _ = h.shape
+        qkv = self.qkv(h)
         q, k, v = qkv.split([d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim], -1)
         q = q.view(b, t, d.num_heads, d.head_dim).transpose(1, 2)
         k = k.view(b, t, d.num_kv_heads, d.head_dim).transpose(1, 2)
@@ -161,15 +182,13 @@ class Block(nn.Module):
                 cache.k[layer, :, :, start : start + t] = k
                 cache.v[layer, :, :, start : start + t] = v
             else:
-                rows = torch.arange(b, device=x.device)[:, None]
+                rows = torch.arange(b, device=h.device)[:, None]
                 cache.k[layer][rows, :, positions] = k.transpose(1, 2)
                 cache.v[layer][rows, :, positions] = v.transpose(1, 2)
             keys = cache.k[layer, :, :, :kv_len]
             values = cache.v[layer, :, :, :kv_len]
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=d.num_kv_heads != d.num_heads)
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
-        gate, up = self.gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
 
 
 class MTPLayer(nn.Module):
@@ -197,6 +216,7 @@ class TreeAttention:
 class ForwardOut:
     logits: torch.Tensor  # [B, T, V] float32 (or [B, 1, V] for last-only)
     hidden: torch.Tensor  # [B, T, d] after the final norm (what MTP depth 1 consumes)
+    features: torch.Tensor | None = None  # [B, T, C*d] captured layers' outputs, concatenated (EAGLE-3)
 
 
 class Transformer(nn.Module):
@@ -261,19 +281,25 @@ class Transformer(nn.Module):
         last_only: bool = False,
         slots: Slots | None = None,
         tree: TreeAttention | None = None,
+        capture: tuple[int, ...] = (),
     ) -> ForwardOut:
         """Run `tokens` [B, T] at `positions` [B, T], writing their keys and values into `cache`
         (into rows `slots` when the batch is a subset of the cache's rows). With `tree`, `positions`
         are the cache slots the tokens are written to, and the tree gives their rotary positions and
-        which slots each one attends to."""
+        which slots each one attends to. `capture` names layers whose outputs come back as `features`
+        (an EAGLE-3 head reads them)."""
         cache, index = slots.resolve(cache) if slots is not None else (cache, None)
         cos, sin, mask, kv_len = self._attention_inputs(positions, cache, tree)
         x = self.embed_tokens(tokens)
+        captured = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, positions, mask, kv_len, index)
+            if i in capture:
+                captured[i] = x
         hidden = self.norm(x)
         head_in = hidden[:, -1:] if last_only else hidden
-        return ForwardOut(self.lm_head(head_in).float(), hidden)
+        features = torch.cat([captured[i] for i in capture], -1) if capture else None
+        return ForwardOut(self.lm_head(head_in).float(), hidden, features)
 
     def mtp_forward(
         self,
