@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from tiny_models import make_checkpoint
+from tiny_models import make_checkpoint, make_eagle3_head
 
 from trtspec.speculative import batch
 from trtspec.speculative.drafters import CascadeDrafter, DraftModelDrafter, MedusaDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.eagle import EagleDrafter, load_eagle3
 from trtspec.speculative.heads import MedusaHeads
 from trtspec.speculative.lookahead import LookaheadDrafter
 from trtspec.speculative.model import load_transformer
@@ -85,15 +86,26 @@ def run(target, drafter, params: SamplingParams, k: int = 3, seed: int = 0, runn
     return samples, accepted
 
 
+@pytest.fixture(scope="module")
+def eagle_head(tmp_path_factory):
+    """A random EAGLE-3 head for the `models` target (the same seed makes the same checkpoint), drafting from
+    6 of the 8 tokens: q is 0 on the other two, which the target still emits through the residual."""
+    root = tmp_path_factory.mktemp("lossless-eagle")
+    target = make_checkpoint(root / "target", vocab=V, layers=2, mtp_layers=2, seed=11)
+    return load_eagle3(make_eagle3_head(root / "head", target, draft_vocab=6, seed=14))
+
+
 @pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
 @pytest.mark.parametrize(
-    "mode", ["draft-target", "mtp", "ngram", "medusa", "self-draft", "self-draft-int8", "draft-target-cascade"]
+    "mode",
+    ["draft-target", "mtp", "eagle3", "ngram", "medusa", "self-draft", "self-draft-int8", "draft-target-cascade"],
 )
-def test_speculative_samples_follow_the_target_exactly(models, mode, params):
+def test_speculative_samples_follow_the_target_exactly(models, eagle_head, mode, params):
     target, draft = models
     drafter = {
         "draft-target": lambda: DraftModelDrafter(draft),
         "mtp": lambda: MTPDrafter(target),
+        "eagle3": lambda: EagleDrafter(target, eagle_head),
         "ngram": lambda: NgramDrafter(),
         "medusa": lambda: MedusaDrafter(medusa_heads(target)),
         "self-draft": lambda: DraftModelDrafter(self_draft_model(target, [0])),
@@ -128,6 +140,15 @@ def test_a_planted_bug_under_a_self_draft_fails_by_a_wide_margin(models):
     target, _ = models
     bug = sorted(PLANTED)[0]
     samples, _ = run(target, DraftModelDrafter(self_draft_model(target, [0], "int8")), T1, k=2, verify_fn=PLANTED[bug])
+    stat, p = chi_square(samples, exact_joint(target, T1))
+    assert p < 1e-30, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
+
+
+def test_a_planted_bug_under_an_eagle3_head_fails_by_a_wide_margin(models, eagle_head):
+    """The head's drafts (q zero off its draft vocabulary) go through the same verifier: a broken rule shows."""
+    target, _ = models
+    bug = sorted(PLANTED)[0]
+    samples, _ = run(target, EagleDrafter(target, eagle_head), T1, k=2, verify_fn=PLANTED[bug])
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
 

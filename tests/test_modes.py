@@ -445,6 +445,8 @@ def _head(path: Path, **config) -> Path:
         ({"vocab_size": 9}, None, "eagle3-vocab"),
         ({}, [0, 1, 5], "eagle3-layers"),
         ({}, None, "eagle3-fc"),  # the tiny checkpoint has no fc.weight: not an EAGLE-3 head
+        ({}, None, "eagle3-capture"),  # a 2-layer target: TensorRT-LLM has no default layers to capture
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1]}}, [1, 0, 1], "eagle3-capture"),
     ],
 )
 def test_check_holds_the_eagle3_head_to_its_target(tmp_path, head, layers, cause):
@@ -458,6 +460,20 @@ def test_check_holds_the_eagle3_head_to_its_target(tmp_path, head, layers, cause
     causes = {f.code for f in report.findings}
     assert cause in causes, causes
     assert "tokenizer-mismatch" not in causes and not any(c.startswith("tokenizer") for c in causes)
+
+
+def test_check_passes_an_eagle3_head_captured_where_it_was_trained(tmp_path):
+    from trtspec.check import run_check
+    from trtspec.modes.eagle3 import trtllm_default_capture
+
+    assert trtllm_default_capture(32) == (1, 15, 28) and trtllm_default_capture(5) is None  # Eagle3SpecMetadata
+    target = make_checkpoint(tmp_path / "t", vocab=8, hidden=16, layers=2)
+    data = {**_eagle3("1.2.1", layers_to_capture=[1, 0])}
+    data["target"] = {"checkpoint": str(target)}
+    head = _head(tmp_path / "h", eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1]})
+    data["draft"] = {"checkpoint": str(head)}
+    causes = {f.code for f in run_check(validate_config(data)).findings}
+    assert "eagle3-capture" not in causes and "eagle3-layers" not in causes
 
 
 # --- lookahead ------------------------------------------------------------------------------------------------

@@ -82,3 +82,23 @@ def make_checkpoint(
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(path / "model.safetensors"))
     return path
+
+
+def make_eagle3_head(path: Path, target: Path, draft_vocab: int | None = None, seed: int = 0) -> Path:
+    """An EAGLE-3 head folder for the `target` checkpoint: random weights in the layout trtspec writes, its
+    draft vocabulary the target's last `draft_vocab` ids (d2t offsets), its layers the default low/mid/high."""
+    from trtspec.speculative.eagle import Eagle3Head, default_capture
+    from trtspec.speculative.model import ModelDims, dims_from_hf_config
+
+    cfg = json.loads((target / "config.json").read_text())
+    dims = dims_from_hf_config(cfg)
+    vocab = draft_vocab or dims.vocab_size
+    head_dims = ModelDims(**{**dims.__dict__, "num_layers": 1, "num_mtp_layers": 0})
+    torch.manual_seed(seed)
+    head = Eagle3Head(head_dims, default_capture(dims.num_layers), dims.hidden_size, vocab)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
+        head.d2t.fill_(dims.vocab_size - vocab)  # draft id i is target id i + (V - v)
+    head.save(path, cfg, dtype=torch.float32)
+    return path

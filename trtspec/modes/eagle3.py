@@ -21,14 +21,26 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import Field
 
 from trtspec.config_types import Int, Section
-from trtspec.families import EAGLE3_FAMILIES, EAGLE3_ONE_MODEL_FAMILIES
+from trtspec.families import EAGLE3_FAMILIES, EAGLE3_ONE_MODEL_FAMILIES, TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import at_least
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from trtspec.check import Report
     from trtspec.checkpoints.inspect import CheckpointInfo
     from trtspec.config import DeploymentConfig
+    from trtspec.speculative.drafters import Drafter
+    from trtspec.speculative.model import Transformer
+
+
+def trtllm_default_capture(num_layers: int) -> tuple[int, ...] | None:
+    """The target layers TensorRT-LLM's EAGLE-3 captures without eagle3_layers_to_capture (its spec
+    config: low, middle, high), None where it refuses the target as too shallow (5 layers or fewer)."""
+    if num_layers <= 5:
+        return None
+    return (1, num_layers // 2 - 1, num_layers - 4)
 
 
 class Eagle3Section(Section):
@@ -56,7 +68,14 @@ class Eagle3(SpecMode):
             EAGLE3_FAMILIES,
             note="speculative_config Eagle (1.0) / Eagle3 (1.2) + the head checkpoint; 1.1 not pinned",
         ),
-        Support("eagle3", "torch", (), None, (), note="not in trtspec's runner yet (the runner issue after #22)"),
+        Support(
+            "eagle3",
+            "torch",
+            None,
+            None,
+            TORCH_RUNNER_FAMILIES,
+            note="trtspec runner only (generate, plan, bench): the head's chain on the target's captured layers",
+        ),
     )
     needs_draft: ClassVar[bool] = True
     draft_head: ClassVar[bool] = True
@@ -65,6 +84,17 @@ class Eagle3(SpecMode):
     settings_model: ClassVar[type[Section] | None] = Eagle3Section
     decoding_types: ClassVar[tuple[str, ...]] = ("Eagle", "Eagle3")
     default_k: ClassVar[int | None] = 3
+    torch_deploys: ClassVar[bool] = False  # the torch engine and its served models carry no head yet
+
+    def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:
+        from trtspec.speculative.eagle import load_eagle3
+
+        return load_eagle3(path, dtype=dtype, device=device)
+
+    def drafter(self, target: Transformer, draft: Any, settings: dict[str, Any]) -> Drafter | None:
+        from trtspec.speculative.eagle import EagleDrafter
+
+        return EagleDrafter(target, draft)
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         if self.settings(cfg).layers_to_capture is not None and not at_least(cfg.build.tensorrt_llm_version, "1.2"):
@@ -121,6 +151,8 @@ class Eagle3(SpecMode):
                 f"eagle3.layers_to_capture {list(layers)}: the target has layers 0..{depth - 1}",
                 "capture layers the target has (the default is three: low, middle, high)",
             )
+        trained = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        self._check_capture(layers, depth, trained, report)
         if self.settings(cfg).one_model and target.architecture not in EAGLE3_ONE_MODEL_FAMILIES:
             report.add(
                 "warning",
@@ -136,4 +168,28 @@ class Eagle3(SpecMode):
                 "eagle3-fc",
                 "the head has no fc.weight, the layer that fuses the captured hidden states: not an EAGLE-3 head?",
                 "EAGLE-1/2 heads are not EAGLE-3 heads; use one trained with EAGLE-3",
+            )
+
+    def _check_capture(
+        self, configured: list[int] | None, depth: int, trained: list[int] | None, report: Report
+    ) -> None:
+        """TensorRT-LLM takes the captured layers from the deployment (eagle3_layers_to_capture, or its
+        default), never from the head: they must be the layers the head was trained on."""
+        if not depth:
+            return
+        captured = sorted(configured) if configured is not None else trtllm_default_capture(depth)
+        fix = f"set eagle3.layers_to_capture: {trained or '[the layers the head was trained on]'} (TensorRT-LLM 1.2+)"
+        if captured is None:
+            report.add(
+                "error",
+                "eagle3-capture",
+                f"TensorRT-LLM has no default EAGLE-3 layers for a {depth}-layer target (it needs 6 or more)",
+                fix,
+            )
+        elif trained is not None and list(captured) != sorted(trained):
+            report.add(
+                "error",
+                "eagle3-capture",
+                f"the head was trained on target layers {list(trained)}; TensorRT-LLM would capture {list(captured)}",
+                fix,
             )

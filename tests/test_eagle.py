@@ -1,0 +1,166 @@
+"""EAGLE-3 heads in the torch runner: the head reads the captured layers of the position it drafts from,
+its chain is the head's own forward over the committed tokens, greedy decoding is plain decoding, and the
+checkpoint is the layout TensorRT-LLM's loader reads; bad heads are refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_models import make_checkpoint, make_eagle3_head
+
+from trtspec.errors import UsageError
+from trtspec.speculative.eagle import WEIGHTS, EagleDrafter, default_capture, load_eagle3
+from trtspec.speculative.factory import load_runner
+from trtspec.speculative.model import load_transformer
+from trtspec.speculative.requests import SamplingParams
+from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+
+PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13]]
+GREEDY = GenerationParams(max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    target = make_checkpoint(root / "t", vocab=50, hidden=32, layers=6, heads=4, kv_heads=2, seed=1)
+    return target, make_eagle3_head(root / "head", target, draft_vocab=40, seed=3)
+
+
+@pytest.fixture(scope="module")
+def target(paths):
+    return load_transformer(paths[0])
+
+
+@pytest.fixture(scope="module")
+def head(paths):
+    return load_eagle3(paths[1])
+
+
+def test_default_capture_is_low_middle_high_and_distinct():
+    assert default_capture(32) == (1, 15, 28)  # TensorRT-LLM's own default where it has three layers
+    assert default_capture(6) == (1, 2, 4)
+    for depth in range(2, 40):
+        layers = default_capture(depth)
+        assert len(set(layers)) == len(layers) and max(layers) < depth and len(layers) >= 2
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_eagle_decoding_is_plain_decoding(target, head, k):
+    plain = SpeculativeRunner(target).generate(PROMPTS, GREEDY)
+    runner = SpeculativeRunner(target, EagleDrafter(target, head), num_draft_tokens=k)
+    together = runner.generate(PROMPTS, GREEDY)
+    assert [g.tokens for g in together] == [g.tokens for g in plain]
+    assert runner.generate([PROMPTS[2]], GREEDY)[0].tokens == plain[2].tokens
+    assert sum(g.stats.draft_tokens for g in together) > 0
+
+
+@torch.inference_mode()
+def test_every_draft_is_the_heads_own_chain_over_the_committed_tokens(target, head):
+    """Each step's drafts equal the head run afresh: fc over the captured layers of a fresh target forward
+    at every committed position, then its own output fed back for the later drafts. A head that read the
+    wrong layers, a stale cache entry or a shifted token would draft something else."""
+    drafter = EagleDrafter(target, head)
+    seen = []
+    original = drafter.propose
+
+    def spy(state, k, slots):
+        proposal = original(state, k, slots)
+        for row, slot in enumerate(slots.index.tolist()):
+            n = int(state.lengths[slot])
+            seen.append((state.tokens[slot, :n].tolist(), proposal.tokens[row, :k].tolist()))
+        return proposal
+
+    drafter.propose = spy
+    sampled = GenerationParams(max_tokens=20, sampling=SamplingParams(temperature=0.0), seed=0)
+    SpeculativeRunner(target, drafter, num_draft_tokens=3).generate(PROMPTS, sampled)
+    assert len(seen) > 10
+    for tokens, drafts in seen:
+        n = len(tokens)
+        seq = torch.tensor([tokens])
+        features = target(seq, torch.arange(n)[None], target.new_cache(1, 64), capture=head.capture).features
+        cache = head.new_cache(1, 64)
+        out = head.layer(target, features[:, : n - 1], seq[:, 1:], torch.arange(n - 1)[None], cache)
+        hidden, expected = out.hidden[:, -1:], [int(out.logits[0, -1].argmax())]
+        for j in range(1, 3):
+            out = head.layer(target, hidden, torch.tensor([[expected[-1]]]), torch.tensor([[n - 2 + j]]), cache)
+            hidden = out.hidden
+            expected.append(int(out.logits[0, -1].argmax()))
+        assert drafts == expected, tokens
+
+
+def test_drafts_come_from_the_draft_vocabulary_mapped_by_d2t(target, head):
+    to_target = head.draft_to_target()
+    assert to_target.tolist() == list(range(10, 50))  # make_eagle3_head: the last 40 ids
+    features, tokens = torch.randn(1, 2, head.fc.in_features), torch.tensor([[3, 4]])
+    logits = head.layer(target, features, tokens, torch.arange(2)[None], head.new_cache(1, 8)).logits
+    assert torch.isinf(logits[..., :10]).all() and torch.isfinite(logits[..., 10:]).all()
+
+
+def test_the_checkpoint_is_the_layout_tensorrt_llms_eagle3_loader_reads(paths, head, tmp_path):
+    """Keys as the published EAGLE-3 heads and TensorRT-LLM's Eagle3ForCausalLM name them, no embedding
+    (the target's), the fused widths in config.json; saved and loaded again it drafts the same."""
+    names = set(load_file(str(paths[1] / WEIGHTS)))
+    a, m = "midlayer.self_attn", "midlayer.mlp"
+    assert names == {
+        "fc.weight",
+        "midlayer.hidden_norm.weight",
+        "midlayer.input_layernorm.weight",
+        "midlayer.post_attention_layernorm.weight",
+        *(f"{a}.{p}_proj.weight" for p in "qkvo"),
+        *(f"{m}.{p}_proj.weight" for p in ("gate", "up", "down")),
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+    }
+    w = load_file(str(paths[1] / WEIGHTS))
+    assert w["fc.weight"].shape == (32, 3 * 32) and w[f"{a}.q_proj.weight"].shape == (32, 2 * 32)
+    cfg = json.loads((paths[1] / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 1  # + draft_vocab_size
+    assert (cfg["draft_vocab_size"], cfg["vocab_size"], cfg["target_hidden_size"]) == (40, 50, 32)
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(default_capture(6))
+    head.save(tmp_path / "again", json.loads((paths[0] / "config.json").read_text()), dtype=torch.float32)
+    again = load_eagle3(tmp_path / "again")
+    for (name, x), (_, y) in zip(head.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_bad_heads_are_refused_in_one_line(paths, tmp_path):
+    _, head_path = paths
+    with pytest.raises(UsageError, match=r"no readable config\.json"):
+        load_eagle3(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(UsageError, match=r"not an EAGLE-3 head \(config\.json has no draft_vocab_size\)"):
+        load_eagle3(tmp_path)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((head_path / "config.json").read_text())
+    w = load_file(str(head_path / WEIGHTS))
+    from safetensors.torch import save_file
+
+    save_file({k: v for k, v in w.items() if k != "fc.weight"}, str(broken / WEIGHTS))
+    with pytest.raises(UsageError, match=r"missing weight fc\.weight"):
+        load_eagle3(broken)
+    (broken / WEIGHTS).write_bytes(b"not safetensors")
+    with pytest.raises(UsageError, match="corrupt"):
+        load_eagle3(broken)
+    other = make_checkpoint(tmp_path / "other", vocab=50, hidden=16, layers=6, heads=2, kv_heads=1)
+    with pytest.raises(UsageError, match="a head for another model") as err:
+        load_runner(other, "eagle3", head_path)
+    assert "\n" not in str(err.value)
+    shallow = make_checkpoint(tmp_path / "shallow", vocab=50, hidden=32, layers=2, heads=4, kv_heads=2)
+    with pytest.raises(UsageError, match="the target has 2 layers"):
+        load_runner(shallow, "eagle3", head_path)
+
+
+def test_the_eagle3_mode_runs_in_the_runner_and_is_refused_for_torch_engines(paths):
+    from trtspec.modes import REGISTRY, RUNNER_MODES
+
+    assert "eagle3" in RUNNER_MODES
+    runner = load_runner(paths[0], "eagle3", paths[1], num_draft_tokens=2)
+    plain = SpeculativeRunner(load_transformer(paths[0])).generate(PROMPTS[:1], GREEDY)
+    assert runner.generate(PROMPTS[:1], GREEDY)[0].tokens == plain[0].tokens
+    refusal = REGISTRY["eagle3"].torch_deploy_refusal(None)
+    assert refusal is not None and "pytorch (TensorRT-LLM 1.0, 1.2)" in refusal and "), torch" not in refusal
