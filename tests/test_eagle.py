@@ -155,6 +155,24 @@ def test_bad_heads_are_refused_in_one_line(paths, tmp_path):
         load_runner(shallow, "eagle3", head_path)
 
 
+def test_a_head_that_does_not_record_its_layers_reads_tensorrt_llms_default(paths, tmp_path):
+    """Published heads carry no eagle_config: they were trained on the layers TensorRT-LLM captures by default."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(paths[1], bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    del cfg["eagle_config"]
+    (bare / "config.json").write_text(json.dumps(cfg))
+    target = make_checkpoint(tmp_path / "t8", vocab=50, hidden=32, layers=8, heads=4, kv_heads=2, seed=1)
+    runner = load_runner(target, "eagle3", bare, num_draft_tokens=2)
+    assert runner.drafter.feature_layers == (1, 3, 4)  # (1, L/2 - 1, L - 4)
+    assert load_runner(paths[0], "eagle3", bare).drafter.feature_layers == (1, 2, 2)  # as TensorRT-LLM reads 6
+    shallow = make_checkpoint(tmp_path / "t5", vocab=50, hidden=32, layers=5, heads=4, kv_heads=2, seed=1)
+    with pytest.raises(UsageError, match="does not record its layers"):
+        load_runner(shallow, "eagle3", bare)  # TensorRT-LLM has no default for 5 layers
+
+
 def test_the_eagle3_mode_runs_in_the_runner_and_is_refused_for_torch_engines(paths):
     from trtspec.modes import REGISTRY, RUNNER_MODES
 

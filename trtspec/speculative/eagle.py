@@ -57,6 +57,7 @@ class Eagle3Head(nn.Module):
     def __init__(self, dims: ModelDims, capture: tuple[int, ...], target_hidden: int, draft_vocab: int) -> None:
         super().__init__()
         self.dims, self.capture = dims, tuple(capture)
+        self.recorded = True  # config.json names the layers it was trained on (else TensorRT-LLM's default)
         d = dims.hidden_size
         self.fc = nn.Linear(len(capture) * target_hidden, d, bias=False)
         self.hidden_norm = RMSNorm(d, dims.rms_norm_eps)
@@ -163,9 +164,7 @@ def load_eagle3(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     if "draft_vocab_size" not in cfg:
         raise UsageError(f"{path}: not an EAGLE-3 head (config.json has no draft_vocab_size)")
     dims = dims_from_hf_config({**cfg, "num_nextn_predict_layers": 0})
-    capture = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ())
-    if not capture:
-        raise UsageError(f"{path}: config.json names no captured layers (eagle_aux_hidden_state_layer_ids)")
+    recorded = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ())
     w = read_weights(path)
     a, m = "midlayer.self_attn", "midlayer.mlp"
     try:
@@ -185,8 +184,11 @@ def load_eagle3(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     except KeyError as exc:
         raise UsageError(f"{path}: EAGLE-3 head is missing weight {exc.args[0]}") from None
     target_hidden = int(cfg.get("target_hidden_size") or dims.hidden_size)
+    # a head that does not record its layers (the published ones) is bound to TensorRT-LLM's default by the drafter
+    capture = recorded or tuple(range(state["fc.weight"].shape[1] // target_hidden))
     with torch.device("meta"):
         head = Eagle3Head(dims, capture, target_hidden, int(cfg.get("draft_vocab_size") or dims.vocab_size))
+    head.recorded = bool(recorded)
     expected = head.state_dict()
     for name, want in expected.items():
         if state[name].shape != want.shape:
@@ -203,6 +205,14 @@ class EagleDrafter(MTPDrafter):
 
     def __init__(self, target: Transformer, head: Eagle3Head) -> None:
         d = target.dims
+        if not head.recorded:  # trained for TensorRT-LLM's default layers, as published heads are
+            default = trtllm_default_capture(d.num_layers)
+            if default is None or len(default) != len(head.capture):
+                raise UsageError(
+                    f"the EAGLE-3 head does not record its layers (eagle_config.eagle_aux_hidden_state_layer_ids) and "
+                    f"TensorRT-LLM's default {default} does not fit its fc of {len(head.capture)} layers"
+                )
+            head.capture = default
         width = head.fc.in_features // len(head.capture)
         if width != d.hidden_size or max(head.capture) >= d.num_layers:
             raise UsageError(
