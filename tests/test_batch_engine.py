@@ -89,9 +89,9 @@ def test_chunked_prefill_keeps_each_step_within_max_num_tokens(pair):
     per_step: list[int] = []
     original_forward, original_step = target.forward, engine.step
 
-    def forward(tokens, positions, cache, last_only=False, slots=None):
+    def forward(tokens, positions, cache, last_only=False, slots=None, **options):
         per_step[-1] += sum(len(set(row)) for row in positions.tolist())  # padding repeats a position
-        return original_forward(tokens, positions, cache, last_only, slots)
+        return original_forward(tokens, positions, cache, last_only, slots, **options)
 
     def step():
         per_step.append(0)
