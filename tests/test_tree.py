@@ -200,12 +200,14 @@ def test_tied_heads_store_no_output_matrices_and_take_the_targets(pair, tmp_path
 
 
 def test_shipped_assets_stay_within_the_size_budget():
-    """38 MB for everything under trtspec/assets (the model card's budget), the Medusa heads included."""
-    from trtspec.assets import ASSETS_DIR, EMBEDDED_CHECKPOINTS
+    """Everything under trtspec/assets within the model card's budget, the Medusa and EAGLE-3 heads included."""
+    from trtspec.assets import ASSETS_BUDGET_BYTES, ASSETS_DIR, EMBEDDED_CHECKPOINTS
 
     shipped = [p for p in ASSETS_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     assert (EMBEDDED_CHECKPOINTS["tiny-medusa"] / WEIGHTS) in shipped
-    assert sum(p.stat().st_size for p in shipped) < 38_000_000
+    assert (EMBEDDED_CHECKPOINTS["tiny-eagle3"] / "model.safetensors") in shipped
+    assert sum(p.stat().st_size for p in shipped) < ASSETS_BUDGET_BYTES
+    assert f"limit {ASSETS_BUDGET_BYTES / 1e6:.0f} MB" in (ASSETS_DIR / "MODEL_CARD.md").read_text()
 
 
 @pytest.mark.parametrize("shape", [None, "3x1", "3x3", "5x2"])

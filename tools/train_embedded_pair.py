@@ -52,6 +52,7 @@ from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausa
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
+from trtspec.assets import ASSETS_BUDGET_BYTES
 from trtspec.data import PUBLIC_SETS, data_file
 from trtspec.errors import UsageError
 
@@ -827,6 +828,7 @@ def card_fields(rec: dict[str, Any]) -> dict[str, str]:
         "chars_per_token": f(rec["tokenizer"]["chars_per_token"], 2),
         "target_hidden": str(hidden),
         "mb_per_1k_vocab": f"{5 * 1024 * hidden * 2 / 1e6:.1f}",
+        "budget_mb": f"{ASSETS_BUDGET_BYTES / 1e6:.0f}",
         "target_config": cfg_line(t["config"]),
         "params_trunk": f"{t['params_trunk']:,}",
         "params_mtp": f"{t['params_mtp']:,}",

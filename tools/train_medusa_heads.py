@@ -7,7 +7,7 @@ residual (zero-initialised layer) followed by a copy of the target's output matr
 them, so it begins as "the next token again" and only learns the shift.
 
 By default the output matrices stay the target's (frozen, tied) and only the residual layers train, and
-the folder stores no copies of them (trtspec.speculative.heads): that is what fits the assets' 38 MB
+the folder stores no copies of them (trtspec.speculative.heads): that is what fits the assets' size
 budget. `--untied` trains each head's own output matrix too and writes the full layout TensorRT-LLM's
 examples/medusa/convert_checkpoint.py reads. `<out>/training_log.json` records the held-out top-1
 agreement of each head with the target.

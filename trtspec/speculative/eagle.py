@@ -106,7 +106,7 @@ class Eagle3Head(nn.Module):
             logits = full.index_copy_(-1, self.draft_to_target(), logits)
         return ForwardOut(logits, x)
 
-    def config(self, target_config: dict, extra: dict | None = None) -> dict:
+    def config(self, target_config: dict, extra: dict | None = None, dtype: torch.dtype = torch.bfloat16) -> dict:
         d = self.dims
         keep = ("rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling", "max_position_embeddings")
         return {
@@ -123,6 +123,7 @@ class Eagle3Head(nn.Module):
             "draft_vocab_size": self.draft_vocab,
             "target_hidden_size": self.fc.in_features // len(self.capture),
             "tie_word_embeddings": False,
+            "torch_dtype": str(dtype).removeprefix("torch."),
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.capture)},
             **(extra or {}),
         }
@@ -152,7 +153,7 @@ class Eagle3Head(nn.Module):
         state = {k: v.detach().to(dtype).contiguous() for k, v in tensors.items()}
         state["d2t"] = self.d2t.clone()
         save_file(state, str(out / WEIGHTS))
-        atomic_write_text(out / "config.json", json.dumps(self.config(target_config, extra), indent=2) + "\n")
+        atomic_write_text(out / "config.json", json.dumps(self.config(target_config, extra, dtype), indent=2) + "\n")
 
 
 def load_eagle3(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Eagle3Head:
