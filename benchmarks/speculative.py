@@ -1,7 +1,8 @@
 """Speculative decoding on the embedded tiny pair, batch 1: every method of trtspec's runner against
 plain decoding and against Hugging Face assisted generation, on Spec-Bench prompts and held-out text.
 
-Methods: the draft model, the target's MTP layers, n-gram lookup, the shipped Medusa heads and the target
+Methods: the draft model, the target's MTP layers, the shipped EAGLE-3 head, n-gram lookup, the shipped Medusa
+heads and the target
 drafting for itself (the prefix of its layers plan's rule picks from measured acceptance and cost, and its
 int8 copy), each as chains of K and (where the drafter offers several candidates) token trees DEPTHxWIDTH,
 and lookahead decoding at a few (W, N, G). For each it reports tokens/s, tokens per target pass, acceptance
@@ -19,7 +20,8 @@ promise the loop keeps. In isolation
 (`bound_isolated`, `efficiency_isolated`): each call timed alone at the start of every round, the faster
 kept, and d counts the calls the drafter makes at their widths (`drafting_cost`): a draft model's first
 pass over what it has not seen and then one pass per draft (per tree level, W tokens wide), MTP layer l
-over the m + 1 + l positions it reruns, one heads call for Medusa, 0 for n-gram and lookahead. On this
+over the m + 1 + l positions it reruns (the EAGLE-3 head as a one-layer chain), one heads call for Medusa,
+0 for n-gram and lookahead. On this
 CPU a call alone is cheaper than in the loop (a small draft's weights sit in cache when it runs alone and
 are evicted by every target pass beside it), so the isolated bound overstates what any loop can reach.
 Both use the same E[tokens/pass] (the isolated one took conditional rates before 2026-11-26's fourth run).
@@ -51,6 +53,7 @@ from trtspec.speculative.cost_model import (
     conditional_rates,
     survival,
 )
+from trtspec.speculative.eagle import load_eagle3
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.heads import load_heads
 from trtspec.speculative.model import Transformer, load_transformer
@@ -59,7 +62,8 @@ from trtspec.speculative.runner import GenerationParams
 from trtspec.speculative.tree import TreeShape
 
 TARGET, DRAFT = EMBEDDED_CHECKPOINTS["tiny-target"], EMBEDDED_CHECKPOINTS["tiny-draft"]
-MEDUSA = EMBEDDED_CHECKPOINTS["tiny-medusa"]
+MEDUSA, EAGLE = EMBEDDED_CHECKPOINTS["tiny-medusa"], EMBEDDED_CHECKPOINTS["tiny-eagle3"]
+HEADS = {"medusa": MEDUSA, "eagle3": EAGLE}  # the modes whose draft checkpoint is a head on the target
 
 
 Run = tuple[str, int, "TreeShape | None", dict]  # mode, K, tree, the mode's settings
@@ -72,6 +76,7 @@ def methods_to_run(args, self_layers: list[int]) -> list[Run]:
     for mode, ks, settings, with_trees in (
         ("draft-target", args.draft_k, {}, True),
         ("mtp", args.mtp_k, {}, True),
+        ("eagle3", args.eagle_k, {}, True),
         ("ngram", args.ngram_k, {}, True),
         ("medusa", args.medusa_k, {}, True),
         ("self-draft", args.self_k, {"layers": self_layers}, True),
@@ -117,21 +122,29 @@ def load_prompts(tokenizer, count: int, max_prompt_tokens: int) -> list[tuple[st
 
 @torch.inference_mode()
 def step_seconds(
-    target: Transformer, draft: Transformer, heads, widths: set[int], self_drafts: dict, context: int = 128
+    target: Transformer, draft: Transformer, heads, eagle, widths: set[int], self_drafts: dict, context: int = 128
 ) -> dict:
     """Per-call seconds at a realistic cache length: a target pass over w tokens, a draft-model pass over w
-    tokens (the separate draft and each self-draft), the first MTP layer over w positions, the Medusa heads."""
+    tokens (the separate draft and each self-draft), the first MTP layer and the EAGLE-3 head over w positions
+    (the head's first pass fuses the target's captured layers), the Medusa heads."""
     mtp_cache = target.new_mtp_cache(1, context + max(widths) + 1)
+    eagle_cache = eagle.new_cache(1, context + max(widths) + 1)
     hid = torch.randn(1, max(widths), target.dims.hidden_size)
+    features = torch.randn(1, max(widths), eagle.fc.in_features)
 
     def mtp(w: int) -> float:
         tok, pos = torch.full((1, w), 5), context + torch.arange(w)[None]
         return median_seconds(lambda: target.mtp_forward(0, hid[:, :w], tok, pos, mtp_cache))
 
+    def head(w: int) -> float:
+        tok, pos = torch.full((1, w), 5), context + torch.arange(w)[None]
+        return median_seconds(lambda: eagle.layer(target, features[:, :w], tok, pos, eagle_cache))
+
     return {
         "v": {w: forward_seconds(target, 1, w, context) for w in sorted(widths)},
         "c_draft": {w: forward_seconds(draft, 1, w, context) for w in sorted(widths)},
         "c_mtp": {w: mtp(w) for w in sorted(widths)},
+        "c_eagle": {w: head(w) for w in sorted(widths)},
         "c_heads": median_seconds(lambda: heads(hid[:, -1])),
         "c_self": {n: {w: forward_seconds(m, 1, w, context) for w in sorted(widths)} for n, m in self_drafts.items()},
     }
@@ -173,9 +186,9 @@ def drafting_cost(
     if mode in ("draft-target", "self-draft"):
         c = costs["c_draft"] if mode == "draft-target" else costs["c_self"][label(mode, None, settings)]
         return at(c, 1 + accepted) + (tree.depth - 1) * c[tree.width] if tree else at(c, 1 + every) + (k - 1) * c[1]
-    if mode == "mtp":
-        layers = min(drafter.depths, k)
-        return sum(at(costs["c_mtp"], 1 + accepted + j) for j in range(layers)) + (k - layers) * costs["c_mtp"][1]
+    if mode in ("mtp", "eagle3"):  # an EAGLE-3 head is a one-layer chain
+        c, layers = costs["c_mtp" if mode == "mtp" else "c_eagle"], min(drafter.depths, k)
+        return sum(at(c, 1 + accepted + j) for j in range(layers)) + (k - layers) * c[1]
     if mode == "medusa":
         return costs["c_heads"]
     return 0.0  # n-gram and lookahead: lookups on the host
@@ -225,6 +238,7 @@ def main() -> int:
     ap.add_argument("--mtp-k", default="1,2,3,4")
     ap.add_argument("--ngram-k", default="2,4")
     ap.add_argument("--medusa-k", default="1,2", help="chains up to the shipped heads (2)")
+    ap.add_argument("--eagle-k", default="1,2,3,4", help="chains of the shipped EAGLE-3 head")
     ap.add_argument("--self-k", default="1,2,3,4", help="chains of the self-draft over the layers plan's rule picks")
     ap.add_argument("--int8-k", default="1,2,3,4,6,8", help="chains of the target's int8 copy")
     ap.add_argument("--cascade-k", default="3,4,6", help="chains of the draft model sped up by n-gram guesses")
@@ -246,14 +260,14 @@ def main() -> int:
     methods = methods_to_run(args, self_layers)
     runs = [("none", 0, None, {}), *methods]
     runners = [
-        load_runner(TARGET, mode, MEDUSA if mode == "medusa" else DRAFT, num_draft_tokens=max(k, 1), target=target,
+        load_runner(TARGET, mode, HEADS.get(mode, DRAFT), num_draft_tokens=max(k, 1), target=target,
                     max_len=max_len, tree=tree, settings=settings or None)
         for mode, k, tree, settings in runs
     ]  # fmt: skip
     widths = set(range(1, 2 + max(k for _, k, _, _ in runs)))  # first passes over accepted tokens, MTP reruns
     widths |= {r.verify_width(k) for r, (_, k, _, _) in zip(runners, runs, strict=True)}
     widths |= {t.width for _, _, t, _ in methods if t} | {max(k - 1, 1) for _, k, _, s in methods if s.get("cascade")}
-    heads = load_heads(MEDUSA)
+    heads, eagle = load_heads(MEDUSA), load_eagle3(EAGLE)
     self_drafts = {
         label("self-draft", None, s): load_runner(TARGET, "self-draft", target=target, settings=s).drafter.model
         for s in ({"layers": self_layers}, {"weights": "int8"})
@@ -284,7 +298,7 @@ def main() -> int:
     best: list[dict | None] = [None] * len(runs)
     timed = None  # the call costs, timed at the start of every round, the faster of each kept
     for _ in range(args.rounds):
-        now = step_seconds(target, draft, heads, widths, self_drafts)
+        now = step_seconds(target, draft, heads, eagle, widths, self_drafts)
         timed = now if timed is None else fastest(timed, now)
         for i, runner in enumerate(runners):
             res = run_trtspec(runner, prompts, args.max_tokens)
@@ -380,7 +394,8 @@ def main() -> int:
             f"{r['speedup']:7.2f} {per_pass:>8s} {acc:>6s} {bound:>6s} {eff:>5s} {iso:>8s}"
         )
     print(
-        f"c(draft)={costs['c_draft'][1]:.3f} c(mtp)={costs['c_mtp'][1]:.3f} c(heads)={costs['c_heads']:.3f} "
+        f"c(draft)={costs['c_draft'][1]:.3f} c(mtp)={costs['c_mtp'][1]:.3f} c(eagle3)={costs['c_eagle'][1]:.3f} "
+        f"c(heads)={costs['c_heads']:.3f} "
         f"c(self)={', '.join(f'{n} {c[1]:.3f}' for n, c in costs['c_self'].items())} target step "
         f"{costs['target_ms']:.2f} ms; best {overall['method']} K={overall['k']} {overall['speedup']:.2f}x; "
         f"vs HF assisted: {summary['vs_hf_assisted']:.2f}x; targets: {summary['targets']}"
