@@ -155,6 +155,40 @@ def test_bad_heads_are_refused_in_one_line(paths, tmp_path):
         load_runner(shallow, "eagle3", head_path)
 
 
+def test_the_runner_reads_the_configured_layers_and_refuses_ones_the_head_was_not_trained_on(paths):
+    runner = load_runner(paths[0], "eagle3", paths[1], settings={"layers_to_capture": [4, 1, 2]})
+    assert runner.drafter.feature_layers == (1, 2, 4)  # sorted, as TensorRT-LLM orders the fused features
+    with pytest.raises(UsageError, match=r"layers_to_capture \[0, 2, 4\]: the EAGLE-3 head was trained on"):
+        load_runner(paths[0], "eagle3", paths[1], settings={"layers_to_capture": [0, 2, 4]})
+
+
+def test_a_head_over_the_whole_vocabulary_may_leave_its_output_matrix_to_the_target(paths, target, tmp_path):
+    """TensorRT-LLM takes the target's lm_head where the head has none and drafts the whole vocabulary; a
+    smaller draft vocabulary needs d2t, and a d2t that leaves the target's vocabulary is refused."""
+    full = make_eagle3_head(tmp_path / "full", paths[0], seed=5)
+    w = load_file(str(full / WEIGHTS))
+    from safetensors.torch import save_file
+
+    save_file({k: v for k, v in w.items() if k not in ("lm_head.weight", "d2t")}, str(full / WEIGHTS))
+    runner = load_runner(paths[0], "eagle3", full, num_draft_tokens=2)
+    assert runner.drafter.head.lm_head.weight.data_ptr() == runner.target.lm_head.weight.data_ptr()
+    plain = SpeculativeRunner(target).generate(PROMPTS, GREEDY)
+    assert [g.tokens for g in runner.generate(PROMPTS, GREEDY)] == [g.tokens for g in plain]
+    small = load_file(str(paths[1] / WEIGHTS))
+    save_file({k: v for k, v in small.items() if k != "d2t"}, str(full / WEIGHTS))
+    cfg = json.loads((paths[1] / "config.json").read_text())
+    (full / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match="drafts 40 of 50 tokens but has no d2t"):
+        load_eagle3(full)
+    save_file({**small, "d2t": small["d2t"] + 5}, str(full / WEIGHTS))  # ids 15..54: past the target's 50
+    with pytest.raises(UsageError, match="maps its 40 draft tokens outside the target's 50"):
+        load_runner(paths[0], "eagle3", full)
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, -2, 4]}
+    (full / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match="must be layer numbers >= 0"):
+        load_eagle3(full)
+
+
 def test_a_head_that_does_not_record_its_layers_reads_tensorrt_llms_default(paths, tmp_path):
     """Published heads carry no eagle_config: they were trained on the layers TensorRT-LLM captures by default."""
     import shutil
@@ -169,8 +203,11 @@ def test_a_head_that_does_not_record_its_layers_reads_tensorrt_llms_default(path
     assert runner.drafter.feature_layers == (1, 3, 4)  # (1, L/2 - 1, L - 4)
     assert load_runner(paths[0], "eagle3", bare).drafter.feature_layers == (1, 2, 2)  # as TensorRT-LLM reads 6
     shallow = make_checkpoint(tmp_path / "t5", vocab=50, hidden=32, layers=5, heads=4, kv_heads=2, seed=1)
-    with pytest.raises(UsageError, match="does not record its layers"):
-        load_runner(shallow, "eagle3", bare)  # TensorRT-LLM has no default for 5 layers
+    with pytest.raises(UsageError, match="has no default for a 5-layer target"):
+        load_runner(shallow, "eagle3", bare)
+    # naming them in the deployment works where TensorRT-LLM has no default, as eagle3_layers_to_capture does
+    named = load_runner(shallow, "eagle3", bare, settings={"layers_to_capture": [0, 2, 4]})
+    assert named.drafter.feature_layers == (0, 2, 4)
 
 
 def test_the_eagle3_mode_runs_in_the_runner_and_is_refused_for_torch_engines(paths):

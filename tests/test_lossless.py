@@ -40,8 +40,12 @@ WARPED = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lossless")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("lossless")
+
+
+@pytest.fixture(scope="module")
+def models(root):
     target = load_transformer(make_checkpoint(root / "target", vocab=V, layers=2, mtp_layers=2, seed=11))
     draft = load_transformer(make_checkpoint(root / "draft", vocab=V, layers=1, seed=12))
     return target, draft
@@ -87,12 +91,10 @@ def run(target, drafter, params: SamplingParams, k: int = 3, seed: int = 0, runn
 
 
 @pytest.fixture(scope="module")
-def eagle_head(tmp_path_factory):
-    """A random EAGLE-3 head for the `models` target (the same seed makes the same checkpoint), drafting from
-    6 of the 8 tokens: q is 0 on the other two, which the target still emits through the residual."""
-    root = tmp_path_factory.mktemp("lossless-eagle")
-    target = make_checkpoint(root / "target", vocab=V, layers=2, mtp_layers=2, seed=11)
-    return load_eagle3(make_eagle3_head(root / "head", target, draft_vocab=6, seed=14))
+def eagle_head(root, models):
+    """A random EAGLE-3 head for the `models` target, drafting from 6 of the 8 tokens: q is 0 on the other
+    two, which the target still emits through the residual."""
+    return load_eagle3(make_eagle3_head(root / "head", root / "target", draft_vocab=6, seed=14))
 
 
 @pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])

@@ -216,6 +216,9 @@ def _overridden(mode: SpecMode, method: str) -> bool:
     return getattr(type(mode), method) is not getattr(SpecMode, method)
 
 
+EMBEDDED_HEADS = {"medusa": "embedded:tiny-medusa", "eagle3": "embedded:tiny-eagle3"}  # heads for tiny-target
+
+
 @pytest.mark.parametrize(("name", "backend"), CLAIMED)
 def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, runner, tmp_path, monkeypatch):
     """init -> validate -> check (local checkpoints) -> build plan or script -> repository -> k8s manifests,
@@ -226,7 +229,7 @@ def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, 
     mode = get_mode(name)
     row = mode.row(backend)
     if backend == "torch":
-        target, draft = "embedded:tiny-target", "embedded:tiny-medusa" if mode.draft_head else "embedded:tiny-draft"
+        target, draft = "embedded:tiny-target", EMBEDDED_HEADS.get(name, "embedded:tiny-draft")
     else:
         arch = next((a for a in (row.architectures or ("LlamaForCausalLM",)) if a in HUB_IDS), None)
         assert arch is not None, f"add a hub id for one of {row.architectures} to HUB_IDS"
@@ -474,6 +477,15 @@ def test_check_passes_an_eagle3_head_captured_where_it_was_trained(tmp_path):
     data["draft"] = {"checkpoint": str(head)}
     causes = {f.code for f in run_check(validate_config(data)).findings}
     assert "eagle3-capture" not in causes and "eagle3-layers" not in causes
+    assert "eagle3-fc" in causes  # the mode's own check ran (the tiny checkpoint has no fc)
+    # no layers configured: the default TensorRT-LLM captures for 8 layers is the one the head records
+    deep = make_checkpoint(tmp_path / "t8", vocab=8, hidden=16, layers=8)
+    data = {**_eagle3("1.2.1"), "target": {"checkpoint": str(deep)}}
+    data["draft"] = {
+        "checkpoint": str(_head(tmp_path / "h8", eagle_config={"eagle_aux_hidden_state_layer_ids": [4, 1, 3]}))
+    }
+    causes = {f.code for f in run_check(validate_config(data)).findings}
+    assert "eagle3-capture" not in causes and "eagle3-fc" in causes
 
 
 # --- lookahead ------------------------------------------------------------------------------------------------
@@ -634,7 +646,8 @@ def test_check_refuses_more_medusa_heads_than_the_checkpoint_has(tmp_path):
 
 def test_where_a_mode_runs_names_each_release_it_claims():
     assert get_mode("draft-target").where() == "tensorrt (TensorRT-LLM 1.0-1.2), pytorch (TensorRT-LLM 1.0-1.2), torch"
-    assert get_mode("eagle3").where() == "pytorch (TensorRT-LLM 1.0, 1.2)"  # 1.1 is not pinned
+    assert get_mode("eagle3").where() == "pytorch (TensorRT-LLM 1.0, 1.2), torch"  # 1.1 is not pinned
+    assert get_mode("eagle3").where(besides="torch") == "pytorch (TensorRT-LLM 1.0, 1.2)"
     assert get_mode("auto").where() == "pytorch (TensorRT-LLM 1.2), torch"
 
 
@@ -722,10 +735,10 @@ def test_init_says_what_the_draft_is(runner, tmp_path, args, message):
 
 
 def test_init_puts_an_embedded_target_where_its_mode_runs(runner, tmp_path):
-    """torch for the modes trtspec's runner has; NVIDIA's first backend for the ones it lacks."""
-    for mode, backend in (("ngram", "torch"), ("eagle3", "pytorch"), ("lookahead", "torch")):
+    """torch for the modes trtspec's runner has (every mode now; NVIDIA's first backend for one it lacked)."""
+    for mode, backend in (("ngram", "torch"), ("eagle3", "torch"), ("lookahead", "torch")):
         out = tmp_path / f"{mode}.yaml"
-        extra = ["--draft", "embedded:tiny-draft"] if get_mode(mode).needs_draft else []
+        extra = ["--draft", EMBEDDED_HEADS.get(mode, "embedded:tiny-draft")] if get_mode(mode).needs_draft else []
         res = runner.invoke(
             cli, ["init", "--target", "embedded:tiny-target", "--mode", mode, *extra, "--out", str(out)]
         )

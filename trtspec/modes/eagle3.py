@@ -35,12 +35,26 @@ if TYPE_CHECKING:
     from trtspec.speculative.model import Transformer
 
 
+DEFAULT_CAPTURE_MIN_LAYERS = 6  # TensorRT-LLM refuses the default capture for 5 layers or fewer
+
+
 def trtllm_default_capture(num_layers: int) -> tuple[int, ...] | None:
-    """The target layers TensorRT-LLM's EAGLE-3 captures without eagle3_layers_to_capture (its spec
-    config: low, middle, high), None where it refuses the target as too shallow (5 layers or fewer)."""
-    if num_layers <= 5:
+    """The target layers TensorRT-LLM's EAGLE-3 captures without eagle3_layers_to_capture (Eagle3SpecMetadata:
+    low, middle, high), None where it refuses the target as too shallow."""
+    if num_layers < DEFAULT_CAPTURE_MIN_LAYERS:
         return None
     return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def recorded_layers(head_config: dict[str, Any]) -> list[int] | None:
+    """The target layers a head records it was trained on (trtspec's heads write them; TensorRT-LLM reads the
+    deployment's instead), sorted as TensorRT-LLM orders the fused features; None where it records none."""
+    layers = (head_config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if layers is None:
+        return None
+    if not isinstance(layers, list) or not layers or not all(isinstance(i, int) and i >= 0 for i in layers):
+        raise ValueError(f"eagle_config.eagle_aux_hidden_state_layer_ids must be layer numbers >= 0, got {layers!r}")
+    return sorted(layers)
 
 
 class Eagle3Section(Section):
@@ -94,7 +108,19 @@ class Eagle3(SpecMode):
     def drafter(self, target: Transformer, draft: Any, settings: dict[str, Any]) -> Drafter | None:
         from trtspec.speculative.eagle import EagleDrafter
 
-        return EagleDrafter(target, draft)
+        return EagleDrafter(target, draft, settings.get("layers_to_capture"))
+
+    def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
+        """The layers the head records it was trained on, where TensorRT-LLM's default would capture others."""
+        section = Eagle3Section().model_dump()
+        try:
+            trained = recorded_layers(draft_config)
+        except ValueError:
+            trained = None  # check says what is wrong with it
+        depth = int(hf_config.get("num_hidden_layers") or 0)
+        if trained and depth and list(trtllm_default_capture(depth) or ()) != trained:
+            section["layers_to_capture"] = trained
+        return {self.section: section}
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         if self.settings(cfg).layers_to_capture is not None and not at_least(cfg.build.tensorrt_llm_version, "1.2"):
@@ -151,8 +177,10 @@ class Eagle3(SpecMode):
                 f"eagle3.layers_to_capture {list(layers)}: the target has layers 0..{depth - 1}",
                 "capture layers the target has (the default is three: low, middle, high)",
             )
-        trained = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        self._check_capture(layers, depth, trained, report)
+        try:
+            self._check_capture(cfg, layers, depth, recorded_layers(d), report)
+        except ValueError as exc:
+            report.add("error", "eagle3-capture", str(exc), "use the head as its training wrote it")
         if self.settings(cfg).one_model and target.architecture not in EAGLE3_ONE_MODEL_FAMILIES:
             report.add(
                 "warning",
@@ -171,25 +199,33 @@ class Eagle3(SpecMode):
             )
 
     def _check_capture(
-        self, configured: list[int] | None, depth: int, trained: list[int] | None, report: Report
+        self, cfg: DeploymentConfig, configured: list[int] | None, depth: int, trained: list[int] | None, report: Report
     ) -> None:
         """TensorRT-LLM takes the captured layers from the deployment (eagle3_layers_to_capture, or its
-        default), never from the head: they must be the layers the head was trained on."""
+        default), never from the head: they must be the layers the head was trained on. The torch runner
+        reads the configured layers too, and the head's own where none are configured."""
         if not depth:
             return
-        captured = sorted(configured) if configured is not None else trtllm_default_capture(depth)
-        fix = f"set eagle3.layers_to_capture: {trained or '[the layers the head was trained on]'} (TensorRT-LLM 1.2+)"
+        runner = cfg.build.backend == "torch"
+        who = "the torch runner" if runner else "TensorRT-LLM"
+        if configured is not None:
+            captured = sorted(configured)
+        else:
+            captured = list(trained) if runner and trained is not None else trtllm_default_capture(depth)
+        fix = f"set eagle3.layers_to_capture: {trained or '[the layers the head was trained on]'}"
+        fix += "" if runner else " (TensorRT-LLM 1.2+)"
         if captured is None:
             report.add(
                 "error",
                 "eagle3-capture",
-                f"TensorRT-LLM has no default EAGLE-3 layers for a {depth}-layer target (it needs 6 or more)",
+                f"{who} has no default EAGLE-3 layers for a {depth}-layer target "
+                f"(TensorRT-LLM's needs {DEFAULT_CAPTURE_MIN_LAYERS} or more)",
                 fix,
             )
-        elif trained is not None and list(captured) != sorted(trained):
+        elif trained is not None and list(captured) != trained:
             report.add(
                 "error",
                 "eagle3-capture",
-                f"the head was trained on target layers {list(trained)}; TensorRT-LLM would capture {list(captured)}",
+                f"the head was trained on target layers {trained}; {who} would capture {list(captured)}",
                 fix,
             )

@@ -379,7 +379,7 @@ class BatchEngine:
         tokens = _window(self.state.tokens, starts, counts, slots.index)
         positions = _positions(starts, counts)
         # logits only at each row's last column (the padding repeats the last real position); the
-        # hidden states MTP reads come back for every position either way
+        # states a drafter reads (MTP's, Medusa's, EAGLE-3's captured layers) come back for every position
         out = self.target(tokens, positions, self.cache, last_only=True, slots=slots, capture=self.capture)
         if self.needs_hidden:
             self.state.target_hidden[slots.index[:, None], positions] = self._states(out)

@@ -30,7 +30,7 @@ class BatchState:
     tokens: torch.Tensor  # [S, capacity] committed tokens, garbage past `lengths`
     lengths: torch.Tensor  # [S] committed length n; the target has cached positions < n - 1
     sampling: RowSampling | None = None  # how this step's rows draw tokens
-    target_hidden: torch.Tensor | None = None  # [S, capacity, d] target hidden per position (MTP only)
+    target_hidden: torch.Tensor | None = None  # [S, capacity, d] per position (MTP, Medusa), C*d for EAGLE-3
 
     @property
     def batch(self) -> int:

@@ -11,7 +11,7 @@ modeling_speculative.py, `Eagle3ForCausalLM`, as the published EAGLE-3 heads are
 `midlayer.{hidden_norm,input_layernorm,self_attn.{q,k,v,o}_proj,post_attention_layernorm,
 mlp.{gate,up,down}_proj}`, `norm.weight`, `lm_head.weight` over the draft vocabulary, and `d2t`
 (target id = draft id + d2t[draft id]), no `model.` prefix; the embedding is the target's and is not
-stored. Its loader knows a head by `draft_vocab_size` in config.json (any Llama architecture name), and
+stored. Its loader knows a head by `draft_vocab_size` in config.json (architecture `LlamaForCausalLM`), and
 takes the captured layers from the deployment's `eagle3_layers_to_capture`, not from the head: the head
 records them in `eagle_config.eagle_aux_hidden_state_layer_ids` so that `trtspec check` can compare.
 """
@@ -27,7 +27,7 @@ from torch import nn
 
 from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
-from trtspec.modes.eagle3 import trtllm_default_capture
+from trtspec.modes.eagle3 import recorded_layers, trtllm_default_capture
 from trtspec.speculative.drafters import MTPDrafter
 from trtspec.speculative.model import (
     Block,
@@ -43,11 +43,25 @@ from trtspec.speculative.model import (
 
 ARCHITECTURE = "LlamaForCausalLM"  # every TensorRT-LLM version maps it to the EAGLE-3 class given draft_vocab_size
 WEIGHTS = "model.safetensors"
+# the head's parameters as the checkpoint names them; q/k/v and gate/up are fused here (one matmul each)
+NAMES = {
+    "fc.weight": ("fc.weight",),
+    "hidden_norm.weight": ("midlayer.hidden_norm.weight",),
+    "block.input_layernorm.weight": ("midlayer.input_layernorm.weight",),
+    "block.post_attention_layernorm.weight": ("midlayer.post_attention_layernorm.weight",),
+    "block.qkv.weight": tuple(f"midlayer.self_attn.{p}_proj.weight" for p in "qkv"),
+    "block.o_proj.weight": ("midlayer.self_attn.o_proj.weight",),
+    "block.gate_up.weight": ("midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight"),
+    "block.down_proj.weight": ("midlayer.mlp.down_proj.weight",),
+    "norm.weight": ("norm.weight",),
+    "lm_head.weight": ("lm_head.weight",),
+}
 
 
 def default_capture(num_layers: int) -> tuple[int, ...]:
-    """TensorRT-LLM's default layers where it has three distinct ones, else low, middle and high of a shallow
-    target (which a deployment then names in eagle3.layers_to_capture)."""
+    """The layers a new head is trained on: TensorRT-LLM's default where it has three distinct ones, else low,
+    middle and high of a shallow target (which a deployment then names in eagle3.layers_to_capture); fewer
+    than three where the target has fewer than four layers."""
     if (layers := trtllm_default_capture(num_layers)) is not None and len(set(layers)) == 3:
         return layers
     return tuple(sorted({min(1, num_layers - 1), num_layers // 2 - 1 if num_layers > 3 else 0, num_layers - 2}))
@@ -58,6 +72,7 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.dims, self.capture = dims, tuple(capture)
         self.recorded = True  # config.json names the layers it was trained on (else TensorRT-LLM's default)
+        self.needs_target_head = False  # loaded without lm_head (draft vocabulary = the target's): tie() first
         d = dims.hidden_size
         self.fc = nn.Linear(len(capture) * target_hidden, d, bias=False)
         self.hidden_norm = RMSNorm(d, dims.rms_norm_eps)
@@ -65,18 +80,43 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(d, dims.rms_norm_eps)
         self.lm_head = nn.Linear(d, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+        self.vocab_map: torch.Tensor | None = None  # target id per draft id, set by bind() where it is not 1:1
+        self.bound = False
 
     @property
     def draft_vocab(self) -> int:
         return self.lm_head.out_features
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        w = self.fc.weight
+        w = self.norm.weight
         return KVCache(self.dims, 1, batch, capacity, w.dtype, w.device)
 
     def draft_to_target(self) -> torch.Tensor:
-        """Target token id of each draft id."""
+        """Target token id of each draft id (TensorRT-LLM: `tokens += d2t[tokens]`)."""
         return torch.arange(self.draft_vocab, device=self.d2t.device) + self.d2t
+
+    def bind(self, target: Transformer) -> None:
+        """Check the draft vocabulary maps into the target's, tie the target's output matrix where the head
+        has none, and fix the mapping once (not a host sync per draft)."""
+        vocab, ids = target.dims.vocab_size, self.draft_to_target()
+        if self.draft_vocab > vocab or int(ids.min()) < 0 or int(ids.max()) >= vocab or len(ids.unique()) != len(ids):
+            raise UsageError(
+                f"the EAGLE-3 head's d2t maps its {self.draft_vocab} draft tokens outside the target's {vocab} "
+                "or onto one token twice: a head for another model"
+            )
+        if self.needs_target_head:
+            self.lm_head.weight = target.lm_head.weight
+            self.needs_target_head = False
+        self.vocab_map = None if self.draft_vocab == vocab and not bool(self.d2t.any()) else ids
+        self.bound = True
+
+    def step(self, embeds, hidden, cos, sin, cache: KVCache, positions, mask, kv_len: int, slots=None) -> torch.Tensor:
+        """The layer on `hidden` (width d) and the next tokens' embeddings: its output before the final norm,
+        which the next draft reads back. Training (tools/train_eagle3_head.py) runs this same step."""
+        b = self.block
+        joined = torch.cat([b.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
+        x = hidden + b.attention(joined, cos, sin, cache, 0, positions, mask, kv_len, slots)
+        return x + b.mlp(b.post_attention_layernorm(x))
 
     def layer(
         self,
@@ -88,22 +128,20 @@ class Eagle3Head(nn.Module):
         slots: Slots | None = None,
         last_only: bool = False,
     ) -> ForwardOut:
-        """The head at `positions`: `hidden` is the target's captured features (fused by fc first) or the
-        head's own previous output; `tokens` are the next tokens. Logits come over the target's vocabulary
-        (-inf outside the draft vocabulary), `hidden` is the layer's output before the final norm."""
+        """The head at `positions`: `hidden` is the target's captured features (fused by fc first, which
+        TensorRT-LLM also decides by the input's width) or the head's own previous output; `tokens` are the
+        next tokens. Logits come over the target's vocabulary (-inf outside the draft vocabulary)."""
         cache, index = slots.resolve(cache) if slots is not None else (cache, None)
         cos, sin, mask, kv_len = target._attention_inputs(positions, cache)
         if hidden.shape[-1] != self.dims.hidden_size:
             hidden = self.fc(hidden)
-        b = self.block
-        joined = torch.cat([b.input_layernorm(target.embed_tokens(tokens)), self.hidden_norm(hidden)], -1)
-        x = hidden + b.attention(joined, cos, sin, cache, 0, positions, mask, kv_len, index)
-        x = x + b.mlp(b.post_attention_layernorm(x))
+        x = self.step(target.embed_tokens(tokens), hidden, cos, sin, cache, positions, mask, kv_len, index)
         head_in = x[:, -1:] if last_only else x
         logits = self.lm_head(self.norm(head_in)).float()
-        if self.draft_vocab != target.dims.vocab_size or bool(self.d2t.any()):
+        ids = self.vocab_map if self.bound else self.draft_to_target()  # unbound: mapped on every call
+        if ids is not None:
             full = logits.new_full((*logits.shape[:-1], target.dims.vocab_size), float("-inf"))
-            logits = full.index_copy_(-1, self.draft_to_target(), logits)
+            logits = full.index_copy_(-1, ids, logits)
         return ForwardOut(logits, x)
 
     def config(self, target_config: dict, extra: dict | None = None, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -128,30 +166,20 @@ class Eagle3Head(nn.Module):
             **(extra or {}),
         }
 
+    def _fused_sizes(self, name: str) -> list[int]:
+        d = self.dims
+        if name == "block.qkv.weight":
+            return [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim]
+        return [d.intermediate_size, d.intermediate_size]
+
     def save(self, out: Path, target_config: dict, extra: dict | None = None, dtype=torch.bfloat16) -> None:
-        d, b = self.dims, self.block
-        q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
-        qw, kw, vw = b.qkv.weight.split([q, kv, kv])
-        gate, up = b.gate_up.weight.chunk(2)
-        a, m = "midlayer.self_attn", "midlayer.mlp"
-        tensors = {
-            "fc.weight": self.fc.weight,
-            "midlayer.hidden_norm.weight": self.hidden_norm.weight,
-            "midlayer.input_layernorm.weight": b.input_layernorm.weight,
-            "midlayer.post_attention_layernorm.weight": b.post_attention_layernorm.weight,
-            f"{a}.q_proj.weight": qw,
-            f"{a}.k_proj.weight": kw,
-            f"{a}.v_proj.weight": vw,
-            f"{a}.o_proj.weight": b.o_proj.weight,
-            f"{m}.gate_proj.weight": gate,
-            f"{m}.up_proj.weight": up,
-            f"{m}.down_proj.weight": b.down_proj.weight,
-            "norm.weight": self.norm.weight,
-            "lm_head.weight": self.lm_head.weight,
-        }
-        out.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(dtype).contiguous() for k, v in tensors.items()}
+        params = dict(self.named_parameters())
+        state = {}
+        for name, keys in NAMES.items():
+            parts = params[name].split(self._fused_sizes(name)) if len(keys) > 1 else (params[name],)
+            state.update({k: v.detach().to(dtype).contiguous() for k, v in zip(keys, parts, strict=True)})
         state["d2t"] = self.d2t.clone()
+        out.mkdir(parents=True, exist_ok=True)
         save_file(state, str(out / WEIGHTS))
         atomic_write_text(out / "config.json", json.dumps(self.config(target_config, extra, dtype), indent=2) + "\n")
 
@@ -165,33 +193,31 @@ def load_eagle3(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     if "draft_vocab_size" not in cfg:
         raise UsageError(f"{path}: not an EAGLE-3 head (config.json has no draft_vocab_size)")
     dims = dims_from_hf_config({**cfg, "num_nextn_predict_layers": 0})
-    recorded = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ())
-    w = read_weights(path)
-    a, m = "midlayer.self_attn", "midlayer.mlp"
     try:
-        state = {
-            "fc.weight": w["fc.weight"],
-            "hidden_norm.weight": w["midlayer.hidden_norm.weight"],
-            "block.input_layernorm.weight": w["midlayer.input_layernorm.weight"],
-            "block.post_attention_layernorm.weight": w["midlayer.post_attention_layernorm.weight"],
-            "block.qkv.weight": torch.cat([w[f"{a}.q_proj.weight"], w[f"{a}.k_proj.weight"], w[f"{a}.v_proj.weight"]]),
-            "block.o_proj.weight": w[f"{a}.o_proj.weight"],
-            "block.gate_up.weight": torch.cat([w[f"{m}.gate_proj.weight"], w[f"{m}.up_proj.weight"]]),
-            "block.down_proj.weight": w[f"{m}.down_proj.weight"],
-            "norm.weight": w["norm.weight"],
-            "lm_head.weight": w["lm_head.weight"],
-            "d2t": w.get("d2t", torch.zeros(w["lm_head.weight"].shape[0], dtype=torch.long)).long(),
-        }
+        recorded = recorded_layers(cfg)
+    except ValueError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    draft_vocab = int(cfg.get("draft_vocab_size") or dims.vocab_size)
+    w = read_weights(path)
+    # TensorRT-LLM's loader: d2t is required where the draft vocabulary is smaller; lm_head may be left out where
+    # it is the target's whole vocabulary (it then takes the target's)
+    tied = "lm_head.weight" not in w and draft_vocab == dims.vocab_size
+    if tied:
+        w["lm_head.weight"] = torch.zeros(draft_vocab, dims.hidden_size)  # tied to the target's by bind()
+    if draft_vocab != dims.vocab_size and "d2t" not in w:
+        raise UsageError(f"{path}: EAGLE-3 head drafts {draft_vocab} of {dims.vocab_size} tokens but has no d2t")
+    try:
+        state = {name: torch.cat([w[k] for k in keys]) for name, keys in NAMES.items()}
     except KeyError as exc:
         raise UsageError(f"{path}: EAGLE-3 head is missing weight {exc.args[0]}") from None
+    state["d2t"] = w.get("d2t", torch.zeros(draft_vocab, dtype=torch.long)).long()
     target_hidden = int(cfg.get("target_hidden_size") or dims.hidden_size)
     # a head that does not record its layers (the published ones) is bound to TensorRT-LLM's default by the drafter
-    capture = recorded or tuple(range(state["fc.weight"].shape[1] // target_hidden))
+    capture = tuple(recorded or range(state["fc.weight"].shape[1] // target_hidden))
     with torch.device("meta"):
-        head = Eagle3Head(dims, capture, target_hidden, int(cfg.get("draft_vocab_size") or dims.vocab_size))
-    head.recorded = bool(recorded)
-    expected = head.state_dict()
-    for name, want in expected.items():
+        head = Eagle3Head(dims, capture, target_hidden, draft_vocab)
+    head.recorded, head.needs_target_head = recorded is not None, tied
+    for name, want in head.state_dict().items():
         if state[name].shape != want.shape:
             raise UsageError(
                 f"{path}: weight {name} has shape {list(state[name].shape)} but config.json implies {list(want.shape)}"
@@ -202,28 +228,40 @@ def load_eagle3(path: str | Path, dtype: torch.dtype = torch.float32, device: st
 
 class EagleDrafter(MTPDrafter):
     """The EAGLE-3 head as a one-layer MTP chain: the target's captured features at position n-2 and the
-    last committed token draft the first token; the head's own output drafts the rest (cyclic reuse)."""
+    last committed token draft the first token; the head's own output drafts the rest (cyclic reuse).
 
-    def __init__(self, target: Transformer, head: Eagle3Head) -> None:
+    The layers captured are the deployment's `eagle3.layers_to_capture` where it names them (as TensorRT-LLM
+    takes them), else the ones the head records, else TensorRT-LLM's default; a deployment naming others than
+    the head records is refused (the head would read features it was not trained on)."""
+
+    def __init__(self, target: Transformer, head: Eagle3Head, layers: list[int] | None = None) -> None:
         d = target.dims
-        if not head.recorded:  # trained for TensorRT-LLM's default layers, as published heads are
-            default = trtllm_default_capture(d.num_layers)
-            if default is None or len(default) != len(head.capture):
-                raise UsageError(
-                    f"the EAGLE-3 head does not record its layers (eagle_config.eagle_aux_hidden_state_layer_ids) and "
-                    f"TensorRT-LLM's default {default} does not fit its fc of {len(head.capture)} layers"
-                )
-            head.capture = default
-        width = head.fc.in_features // len(head.capture)
-        if width != d.hidden_size or max(head.capture) >= d.num_layers:
+        capture = tuple(sorted(layers)) if layers is not None else None
+        if capture is not None and head.recorded and capture != tuple(sorted(head.capture)):
             raise UsageError(
-                f"the EAGLE-3 head reads layers {list(head.capture)} of width {width}; the target has "
-                f"{d.num_layers} layers of width {d.hidden_size}: a head for another model"
+                f"eagle3.layers_to_capture {list(capture)}: the EAGLE-3 head was trained on layers {list(head.capture)}"
+            )
+        if capture is None and not head.recorded:  # trained for TensorRT-LLM's default, as published heads are
+            capture = trtllm_default_capture(d.num_layers)
+            if capture is None:
+                raise UsageError(
+                    "the EAGLE-3 head does not record its layers (eagle_config.eagle_aux_hidden_state_layer_ids) and "
+                    f"TensorRT-LLM has no default for a {d.num_layers}-layer target: set eagle3.layers_to_capture"
+                )
+        capture = capture or head.capture
+        width = head.fc.in_features // len(head.capture)
+        if len(capture) != len(head.capture) or width != d.hidden_size or max(capture) >= d.num_layers:
+            raise UsageError(
+                f"the EAGLE-3 head reads {len(head.capture)} layers of width {width}; the target has {d.num_layers} "
+                f"layers of width {d.hidden_size} (layers {list(capture)} asked): a head for another model"
             )
         if head.dims.hidden_size != d.hidden_size:
             raise UsageError(f"the EAGLE-3 head's width {head.dims.hidden_size} is not the target's {d.hidden_size}")
+        head.bind(target)
+        head.capture = capture
+        # MTPDrafter's own __init__ reads the target's MTP layers, which an EAGLE-3 deployment need not have
         self.model, self.head, self.depths = target, head, 1
-        self.feature_layers = head.capture
+        self.feature_layers = capture
 
     def _new_cache(self, batch: int, capacity: int) -> KVCache:
         return self.head.new_cache(batch, capacity)
