@@ -213,3 +213,26 @@ def test_plan_compares_only_the_methods_asked_for_and_refuses_others(runner, tmp
     assert "Traceback" not in res.output
     res = runner.invoke(cli, ["plan", str(CONFIGS / "tiny-draft-target.yaml"), "--methods", " , "])
     assert res.exit_code == 2 and "--methods (none)" in res.stderr
+
+
+def test_plan_compares_the_shipped_eagle3_heads_chains(runner, tmp_path):
+    """An EAGLE-3 deployment: plan measures the head's chains (its method rows) and recommends a K for it."""
+    config = {
+        "name": "e3",
+        "target": {"checkpoint": "embedded:tiny-target", "dtype": "float32"},
+        "draft": {"checkpoint": "embedded:tiny-eagle3"},
+        "eagle3": {"layers_to_capture": [1, 2, 4]},
+        "speculation": {"mode": "eagle3", "num_draft_tokens": "auto"},
+        "build": {"backend": "torch", "device": "cpu", "max_seq_len": 512, "max_input_len": 256},
+    }
+    path = tmp_path / "e3.yaml"
+    path.write_text(json.dumps(config))
+    args = ["plan", str(path), "--per-category", "1", "--max-tokens", "16", "--out", str(tmp_path / "p")]
+    res = runner.invoke(cli, [*args, "--methods", "eagle3", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)
+    rows = {r["method"]: r for r in plan["methods"]["rows"]}
+    assert set(rows) == {"eagle3 K=1", "eagle3 K=2", "eagle3 K=3", "eagle3 K=4"}
+    assert plan["recommended_method"]["mode"] == "eagle3"
+    # the trained head is accepted far above chance on the first draft of a step
+    assert plan["acceptance_per_position"][0] > 0.2
