@@ -12,7 +12,7 @@ It starts as "the top captured layer, read by the target's head": fc picks that 
 MLP outputs are zero, the output matrix is the target's rows for the draft vocabulary. `<out>/
 training_log.json` records the held-out top-1 agreement of each unrolled step with the target.
 
-    python tools/train_eagle3_head.py --out trtspec/assets/tiny-eagle3   # the shipped head
+    python tools/train_eagle3_head.py --out trtspec/assets/tiny-eagle3   # the shipped head (the defaults)
 
 The corpus is `$TRTSPEC_DATA/tinyshakespeare.txt`, split where the pair's training split ended.
 """
@@ -21,28 +21,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
+from head_training import common_arguments, corpus_split, train
 
-from trtspec.assets import ASSETS_DIR, EMBEDDED_CHECKPOINTS
 from trtspec.checkpoints.inspect import read_hf_config
-from trtspec.data import data_file
 from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
 from trtspec.speculative.eagle import Eagle3Head, default_capture
 from trtspec.speculative.model import KVCache, ModelDims, Transformer, load_transformer
 
 SCRIPT = "tools/train_eagle3_head.py"
-
-
-def windows(ids: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, len(ids) - length, (batch,), generator=gen)
-    return torch.stack([ids[s : s + length] for s in starts])
 
 
 @torch.no_grad()
@@ -59,7 +51,7 @@ def unrolled(head: Eagle3Head, target: Transformer, features: torch.Tensor, ids:
     b, t = ids.shape
     span = t - 1  # step-0 queries 0..t-2
     w = head.fc.weight
-    blk, hidden, out, cache = head.block, head.fc(features[:, :span]), [], None
+    hidden, out, cache = head.fc(features[:, :span]), [], None
     for s in range(steps):
         earlier, cache = cache, KVCache(head.dims, 1, b, span * (s + 1), w.dtype, w.device)
         if earlier is not None:  # a fresh cache per step: autograd keeps the earlier steps' keys as they were
@@ -76,9 +68,7 @@ def unrolled(head: Eagle3Head, target: Transformer, features: torch.Tensor, ids:
             mask = mask | (keys[None, :] == r * span + query)  # the lineage's own later steps
         tokens = ids[:, 1 + s : 1 + s + n]
         x_in = hidden[:, :n]
-        joined = torch.cat([blk.input_layernorm(target.embed_tokens(tokens)), head.hidden_norm(x_in)], -1)
-        x = x_in + blk.attention(joined, cos, sin, cache, 0, slots, mask[None, None], span * (s + 1))
-        x = x + blk.mlp(blk.post_attention_layernorm(x))
+        x = head.step(target.embed_tokens(tokens), x_in, cos, sin, cache, slots, mask[None, None], span * (s + 1))
         out.append(head.lm_head(head.norm(x)).float())
         hidden = x
     return out
@@ -118,29 +108,18 @@ def draft_vocabulary(train_ids: torch.Tensor, vocab: int, size: int) -> torch.Te
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--target", type=Path, default=EMBEDDED_CHECKPOINTS["tiny-target"])
-    ap.add_argument("--intermediate", type=int, default=512)
-    ap.add_argument("--draft-vocab", type=int, default=1024)
+    common_arguments(ap)
+    ap.add_argument("--intermediate", type=int, default=384)
+    ap.add_argument("--draft-vocab", type=int, default=1536)
     ap.add_argument("--ttt-steps", type=int, default=2, help="unrolled steps of the training-time test")
-    ap.add_argument("--steps", type=int, default=1200)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--eval-tokens", type=int, default=20000)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--lr", type=float, default=3e-3)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     started = time.time()
 
-    card = json.loads((ASSETS_DIR / "training_log.json").read_text())  # the pair's split of the corpus
-    offset = int(card["corpus"]["val_offset"])
-    text = data_file("tinyshakespeare.txt").read_text()
-    tokenizer = AutoTokenizer.from_pretrained(str(args.target))
-    train_ids = torch.tensor(tokenizer(text[:offset]).input_ids)
-    val_ids = torch.tensor(tokenizer(text[offset:]).input_ids)[: args.eval_tokens]
+    train_ids, val_ids = corpus_split(args.target, args.eval_tokens)
     target_config = read_hf_config(args.target)
     target = load_transformer(args.target, max_len=args.seq_len + args.ttt_steps)
     d = target.dims
@@ -158,24 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         head.lm_head.weight.copy_(target.lm_head.weight[vocab])
         head.d2t.copy_(vocab - torch.arange(args.draft_vocab))
     before = agreement(head, target, val_ids, args.seq_len, args.ttt_steps)
-    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(args.seed)
-    history = []
-    for step in range(args.steps):
-        lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        ids = windows(train_ids, args.batch, args.seq_len, gen)
+
+    def batch_losses(ids: torch.Tensor) -> list[torch.Tensor]:
         features, teacher_logits = teacher(target, ids, capture)
-        per_step = losses(unrolled(head, target, features, ids, args.ttt_steps), teacher_logits, vocab)
-        loss = sum(per_step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % 100 == 0 or step == args.steps - 1:
-            row = {"step": step, "loss": float(loss), "per_step": [round(float(x), 4) for x in per_step]}
-            history.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+        return losses(unrolled(head, target, features, ids, args.ttt_steps), teacher_logits, vocab)
+
+    history = train(list(head.parameters()), train_ids, args, batch_losses, "per_step")
     head.eval()
     after = agreement(head, target, val_ids, args.seq_len, args.ttt_steps)
     extra = {"base_model_name_or_path": "embedded:tiny-target", "trtspec_trained_by": SCRIPT}

@@ -21,28 +21,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoTokenizer
+from head_training import common_arguments, corpus_split, train
 
-from trtspec.assets import ASSETS_DIR, EMBEDDED_CHECKPOINTS
-from trtspec.data import data_file
 from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
 from trtspec.speculative.heads import MedusaHeads
 from trtspec.speculative.model import Transformer, load_transformer
 
 SCRIPT = "tools/train_medusa_heads.py"
-
-
-def windows(ids: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, len(ids) - length, (batch,), generator=gen)
-    return torch.stack([ids[s : s + length] for s in starts])
 
 
 @torch.no_grad()
@@ -81,29 +73,18 @@ def agreement(heads: MedusaHeads, target: Transformer, ids: torch.Tensor, length
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--target", type=Path, default=EMBEDDED_CHECKPOINTS["tiny-target"])
+    common_arguments(ap)
     ap.add_argument("--heads", type=int, default=4)  # TensorRT-LLM's --num_medusa_heads default
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--untied", action="store_true", help="train and store each head's own output matrix")
     ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--eval-tokens", type=int, default=20000)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     started = time.time()
 
-    card = json.loads((ASSETS_DIR / "training_log.json").read_text())  # the pair's split of the corpus
-    offset = int(card["corpus"]["val_offset"])
-    text = data_file("tinyshakespeare.txt").read_text()
-    tokenizer = AutoTokenizer.from_pretrained(str(args.target))
-    train_ids = torch.tensor(tokenizer(text[:offset]).input_ids)
-    val_ids = torch.tensor(tokenizer(text[offset:]).input_ids)[: args.eval_tokens]
+    train_ids, val_ids = corpus_split(args.target, args.eval_tokens)
     target = load_transformer(args.target, max_len=args.seq_len)
     d, vocab = target.dims.hidden_size, target.dims.vocab_size
 
@@ -117,23 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.untied:
         heads.tie(target.lm_head.weight)
     before = agreement(heads, target, val_ids, args.seq_len)
-    opt = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(args.seed)
-    history = []
-    for step in range(args.steps):
-        lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        hidden, teacher = target_outputs(target, windows(train_ids, args.batch, args.seq_len, gen))
-        losses = head_losses(heads, hidden, teacher)
-        loss = sum(losses)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % 100 == 0 or step == args.steps - 1:
-            row = {"step": step, "loss": float(loss), "per_head": [round(float(x), 4) for x in losses]}
-            history.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+
+    def batch_losses(ids: torch.Tensor) -> list[torch.Tensor]:
+        return head_losses(heads, *target_outputs(target, ids))
+
+    trained = [p for p in heads.parameters() if p.requires_grad]
+    history = train(trained, train_ids, args, batch_losses, "per_head")
     after = agreement(heads, target, val_ids, args.seq_len)
     extra = {"base_model_name_or_path": "embedded:tiny-target", "trtspec_trained_by": SCRIPT}
     heads.save(args.out, extra, tied=not args.untied)
