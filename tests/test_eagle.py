@@ -219,3 +219,62 @@ def test_the_eagle3_mode_runs_in_the_runner_and_is_refused_for_torch_engines(pat
     assert runner.generate(PROMPTS[:1], GREEDY)[0].tokens == plain[0].tokens
     refusal = REGISTRY["eagle3"].torch_deploy_refusal(None)
     assert refusal is not None and "pytorch (TensorRT-LLM 1.0, 1.2)" in refusal and "), torch" not in refusal
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"eagle_config": [1, 2]}, "eagle_config must be a mapping"),
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [True, 2]}}, "must be layer numbers"),
+        ({"draft_vocab_size": "many"}, "config.json: invalid literal"),
+        ({"draft_vocab_size": -4}, "sizes must be positive"),
+        ({"hidden_size": None}, "config.json"),
+        ({"num_attention_heads": None}, "config.json"),
+    ],
+)
+def test_a_malformed_head_config_is_refused_in_one_line(paths, tmp_path, change, message):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(paths[1], bad)
+    cfg = {**json.loads((bad / "config.json").read_text()), **change}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match=message) as err:
+        load_eagle3(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_weights_that_do_not_fit_are_refused_in_one_line(paths, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    w = load_file(str(paths[1] / WEIGHTS))
+    k = "midlayer.self_attn.k_proj.weight"
+    for name, tensors, message in (
+        ("flat", {**w, "fc.weight": w["fc.weight"].flatten()}, "not all 2-D"),
+        ("narrow", {**w, k: w[k][:, :3].clone()}, "fit"),  # k reads 3 inputs where q and v read 2d
+    ):
+        bad = tmp_path / name
+        shutil.copytree(paths[1], bad)
+        save_file(tensors, str(bad / WEIGHTS))
+        with pytest.raises(UsageError, match=message):
+            load_eagle3(bad)
+
+
+def test_a_head_for_another_models_heads_or_vocabulary_is_refused_before_it_drafts(paths, tmp_path):
+    """A head whose head_dim differs (the target's rotary tables would not fit it) or that leaves its output
+    matrix to a target of another vocabulary is refused when the runner is built, not at the first draft."""
+    other_heads = make_checkpoint(tmp_path / "t", vocab=50, hidden=32, layers=6, heads=2, kv_heads=2, seed=1)
+    with pytest.raises(UsageError, match="head_dim"):
+        load_runner(other_heads, "eagle3", paths[1])
+    untied = make_eagle3_head(tmp_path / "h", paths[0], seed=5)  # the whole vocabulary of 50
+    w = load_file(str(untied / WEIGHTS))
+    from safetensors.torch import save_file
+
+    save_file({k: v for k, v in w.items() if k not in ("lm_head.weight", "d2t")}, str(untied / WEIGHTS))
+    wider = make_checkpoint(tmp_path / "t60", vocab=60, hidden=32, layers=6, heads=4, kv_heads=2, seed=1)
+    with pytest.raises(UsageError, match="has no lm_head and drafts 50 tokens; the target has 60"):
+        load_runner(wider, "eagle3", untied)
+    with pytest.raises(UsageError, match="is empty"):
+        load_runner(paths[0], "eagle3", paths[1], settings={"layers_to_capture": []})

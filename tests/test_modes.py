@@ -795,3 +795,20 @@ def test_every_claimed_mode_backend_and_release_writes_its_golden_recipe():
     assert sorted(written) == sorted(golden), "a claim was added or dropped (TRTSPEC_UPDATE_GOLDEN=1 rewrites)"
     for key, value in written.items():
         assert value == golden[key], f"{key} differs from tests/golden/modes.json"
+
+
+def test_check_on_backend_torch_flags_head_layers_the_target_lacks_and_takes_layers_at_any_version(tmp_path):
+    from trtspec.check import run_check
+
+    target = make_checkpoint(tmp_path / "t", vocab=8, hidden=16, layers=2)
+    data = {**_eagle3("1.0.3"), "target": {"checkpoint": str(target)}}
+    data["build"] = {"backend": "torch", "tensorrt_llm_version": "1.0.3"}
+    data["serve"] = {"flavour": "llmapi"}
+    head = _head(tmp_path / "h", eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 5]})
+    data["draft"] = {"checkpoint": str(head)}
+    causes = {f.code for f in run_check(validate_config(data)).findings}
+    assert "eagle3-layers" in causes  # the head reads layer 5 of a 2-layer target
+    cfg = validate_config({**data, "eagle3": {"layers_to_capture": [0, 1]}})  # no TensorRT-LLM on torch
+    assert cfg.eagle3.layers_to_capture == [0, 1]
+    with pytest.raises(ConfigError, match="layers_to_capture"):
+        validate_config({**data, "eagle3": {"layers_to_capture": []}})

@@ -49,10 +49,14 @@ def trtllm_default_capture(num_layers: int) -> tuple[int, ...] | None:
 def recorded_layers(head_config: dict[str, Any]) -> list[int] | None:
     """The target layers a head records it was trained on (trtspec's heads write them; TensorRT-LLM reads the
     deployment's instead), sorted as TensorRT-LLM orders the fused features; None where it records none."""
-    layers = (head_config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    eagle = head_config.get("eagle_config") or {}
+    if not isinstance(eagle, dict):
+        raise ValueError(f"eagle_config must be a mapping, got {eagle!r}")
+    layers = eagle.get("eagle_aux_hidden_state_layer_ids")
     if layers is None:
         return None
-    if not isinstance(layers, list) or not layers or not all(isinstance(i, int) and i >= 0 for i in layers):
+    ok = isinstance(layers, list) and layers and all(type(i) is int and i >= 0 for i in layers)
+    if not ok:
         raise ValueError(f"eagle_config.eagle_aux_hidden_state_layer_ids must be layer numbers >= 0, got {layers!r}")
     return sorted(layers)
 
@@ -66,7 +70,10 @@ class Eagle3Section(Section):
         " Maverick only (Llama 3.x: two models)",
     )
     layers_to_capture: list[Annotated[Int, Field(ge=0)]] | None = Field(
-        default=None, description="target layers the head reads (1.2+); default: the head's low, middle and high"
+        default=None,
+        min_length=1,
+        description="target layers the head reads (TensorRT-LLM 1.2+); default: TensorRT-LLM's (1, L/2-1, L-4); the"
+        " torch runner's: the layers the head records, else that default",
     )
 
 
@@ -123,9 +130,9 @@ class Eagle3(SpecMode):
         return {self.section: section}
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
-        if self.settings(cfg).layers_to_capture is not None and not at_least(cfg.build.tensorrt_llm_version, "1.2"):
-            got = cfg.build.tensorrt_llm_version
-            return [("eagle3.layers_to_capture", f"eagle3_layers_to_capture needs TensorRT-LLM 1.2+, got {got}")]
+        s, version = self.settings(cfg), cfg.build.tensorrt_llm_version
+        if s.layers_to_capture is not None and cfg.build.backend != "torch" and not at_least(version, "1.2"):
+            return [("eagle3.layers_to_capture", f"eagle3_layers_to_capture needs TensorRT-LLM 1.2+, got {version}")]
         return []
 
     def extra_options(self, cfg: DeploymentConfig) -> dict[str, Any]:
@@ -205,6 +212,14 @@ class Eagle3(SpecMode):
         default), never from the head: they must be the layers the head was trained on. The torch runner
         reads the configured layers too, and the head's own where none are configured."""
         if not depth:
+            return
+        if trained is not None and max(trained) >= depth:
+            report.add(
+                "error",
+                "eagle3-layers",
+                f"the head was trained on target layers {trained}; the target has layers 0..{depth - 1}",
+                "use the head trained for this target",
+            )
             return
         runner = cfg.build.backend == "torch"
         who = "the torch runner" if runner else "TensorRT-LLM"

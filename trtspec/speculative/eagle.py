@@ -60,11 +60,13 @@ NAMES = {
 
 def default_capture(num_layers: int) -> tuple[int, ...]:
     """The layers a new head is trained on: TensorRT-LLM's default where it has three distinct ones, else low,
-    middle and high of a shallow target (which a deployment then names in eagle3.layers_to_capture); fewer
-    than three where the target has fewer than four layers."""
+    middle and high of a shallow target (which a deployment then names in eagle3.layers_to_capture), fewer
+    where those coincide (targets of 2 to 5 layers)."""
+    if num_layers < 2:
+        raise ValueError(f"an EAGLE-3 head reads layers of a target with 2 or more, not {num_layers}")
     if (layers := trtllm_default_capture(num_layers)) is not None and len(set(layers)) == 3:
         return layers
-    return tuple(sorted({min(1, num_layers - 1), num_layers // 2 - 1 if num_layers > 3 else 0, num_layers - 2}))
+    return tuple(sorted({1, max(0, num_layers // 2 - 1), num_layers - 2}))
 
 
 class Eagle3Head(nn.Module):
@@ -105,6 +107,11 @@ class Eagle3Head(nn.Module):
                 "or onto one token twice: a head for another model"
             )
         if self.needs_target_head:
+            if self.draft_vocab != vocab:
+                raise UsageError(
+                    f"the EAGLE-3 head has no lm_head and drafts {self.draft_vocab} tokens; the target has {vocab}: "
+                    "a head for another model"
+                )
             self.lm_head.weight = target.lm_head.weight
             self.needs_target_head = False
         self.vocab_map = None if self.draft_vocab == vocab and not bool(self.d2t.any()) else ids
@@ -192,12 +199,19 @@ def load_eagle3(path: str | Path, dtype: torch.dtype = torch.float32, device: st
         raise UsageError(f"{path}: no readable config.json for the EAGLE-3 head ({exc})") from None
     if "draft_vocab_size" not in cfg:
         raise UsageError(f"{path}: not an EAGLE-3 head (config.json has no draft_vocab_size)")
-    dims = dims_from_hf_config({**cfg, "num_nextn_predict_layers": 0})
-    try:
+    try:  # the head's own Llama fields; its attention has no bias (TensorRT-LLM's EAGLE-3 layer reads none here)
+        dims = dims_from_hf_config({**cfg, "num_nextn_predict_layers": 0, "attention_bias": False})
         recorded = recorded_layers(cfg)
-    except ValueError as exc:
-        raise UsageError(f"{path}: {exc}") from None
-    draft_vocab = int(cfg.get("draft_vocab_size") or dims.vocab_size)
+        draft_vocab = int(cfg.get("draft_vocab_size") or dims.vocab_size)
+        target_hidden = int(cfg.get("target_hidden_size") or dims.hidden_size)
+        sizes = (draft_vocab, target_hidden, dims.hidden_size, dims.vocab_size, dims.head_dim, dims.num_heads)
+        sizes += (dims.num_kv_heads, dims.intermediate_size)
+        if not all(type(n) is int and n > 0 for n in sizes):
+            raise ValueError("sizes must be positive integers (hidden, heads, head_dim, intermediate, vocabularies)")
+    except KeyError as exc:
+        raise UsageError(f"{path}: the EAGLE-3 head's config.json has no {exc.args[0]}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{path}: the EAGLE-3 head's config.json: {exc}") from None
     w = read_weights(path)
     # TensorRT-LLM's loader: d2t is required where the draft vocabulary is smaller; lm_head may be left out where
     # it is the target's whole vocabulary (it then takes the target's)
@@ -207,11 +221,14 @@ def load_eagle3(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     if draft_vocab != dims.vocab_size and "d2t" not in w:
         raise UsageError(f"{path}: EAGLE-3 head drafts {draft_vocab} of {dims.vocab_size} tokens but has no d2t")
     try:
+        if any(w[k].dim() != 2 for keys in NAMES.values() for k in keys if not k.endswith("norm.weight")):
+            raise UsageError(f"{path}: the EAGLE-3 head's matrices are not all 2-D: a corrupt or foreign checkpoint")
         state = {name: torch.cat([w[k] for k in keys]) for name, keys in NAMES.items()}
     except KeyError as exc:
         raise UsageError(f"{path}: EAGLE-3 head is missing weight {exc.args[0]}") from None
+    except RuntimeError:  # q/k/v or gate/up of different widths
+        raise UsageError(f"{path}: the EAGLE-3 head's q/k/v or gate/up weights do not fit together") from None
     state["d2t"] = w.get("d2t", torch.zeros(draft_vocab, dtype=torch.long)).long()
-    target_hidden = int(cfg.get("target_hidden_size") or dims.hidden_size)
     # a head that does not record its layers (the published ones) is bound to TensorRT-LLM's default by the drafter
     capture = tuple(recorded or range(state["fc.weight"].shape[1] // target_hidden))
     with torch.device("meta"):
@@ -236,6 +253,8 @@ class EagleDrafter(MTPDrafter):
 
     def __init__(self, target: Transformer, head: Eagle3Head, layers: list[int] | None = None) -> None:
         d = target.dims
+        if layers is not None and not layers:
+            raise UsageError("eagle3.layers_to_capture is empty: name the layers the head reads")
         capture = tuple(sorted(layers)) if layers is not None else None
         if capture is not None and head.recorded and capture != tuple(sorted(head.capture)):
             raise UsageError(
@@ -255,8 +274,11 @@ class EagleDrafter(MTPDrafter):
                 f"the EAGLE-3 head reads {len(head.capture)} layers of width {width}; the target has {d.num_layers} "
                 f"layers of width {d.hidden_size} (layers {list(capture)} asked): a head for another model"
             )
-        if head.dims.hidden_size != d.hidden_size:
-            raise UsageError(f"the EAGLE-3 head's width {head.dims.hidden_size} is not the target's {d.hidden_size}")
+        if (head.dims.hidden_size, head.dims.head_dim) != (d.hidden_size, d.head_dim):
+            raise UsageError(
+                f"the EAGLE-3 head's width and head_dim {head.dims.hidden_size}, {head.dims.head_dim} are not the "
+                f"target's {d.hidden_size}, {d.head_dim}: a head for another model"
+            )
         head.bind(target)
         head.capture = capture
         # MTPDrafter's own __init__ reads the target's MTP layers, which an EAGLE-3 deployment need not have
