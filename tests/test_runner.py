@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny_models import make_checkpoint
 
 from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
-from trtspec.speculative.model import load_transformer
+from trtspec.speculative.model import Linear, load_transformer
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
@@ -41,6 +42,24 @@ def test_lean_model_matches_transformers(tmp_path):
         ref = theirs(x).logits
         got = ours(x, torch.arange(7)[None], ours.new_cache(1, 16)).logits
     assert torch.allclose(ref, got, atol=1e-5)
+
+
+def test_linear_wide_inputs_use_a_column_major_copy_that_follows_the_weight():
+    torch.manual_seed(0)
+    layer = Linear(24, 40)
+    for rows in (1, 3, 4, 9):
+        x = torch.randn(1, rows, 24)
+        with torch.inference_mode():
+            assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5)
+    copy = layer.__dict__["_column_major_copy"][1]
+    assert copy.stride() == (1, 40) and torch.equal(copy, layer.weight.detach())
+    with torch.no_grad():
+        layer.weight.mul_(2)  # an in-place change (a training step, a load) must not leave the copy stale
+        x = torch.randn(5, 24)
+        assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5)
+    x = torch.randn(6, 24)
+    layer(x).sum().backward()  # autograd multiplies by the weight itself, so gradients reach it
+    assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])

@@ -33,6 +33,7 @@ from trtspec.speculative.model import (
     Block,
     ForwardOut,
     KVCache,
+    Linear,
     ModelDims,
     RMSNorm,
     Slots,
@@ -76,11 +77,11 @@ class Eagle3Head(nn.Module):
         self.recorded = True  # config.json names the layers it was trained on (else TensorRT-LLM's default)
         self.needs_target_head = False  # loaded without lm_head (draft vocabulary = the target's): tie() first
         d = dims.hidden_size
-        self.fc = nn.Linear(len(capture) * target_hidden, d, bias=False)
+        self.fc = Linear(len(capture) * target_hidden, d, bias=False)
         self.hidden_norm = RMSNorm(d, dims.rms_norm_eps)
         self.block = Block(dims, attention_in=2 * d)  # its input_layernorm norms the embedding
         self.norm = RMSNorm(d, dims.rms_norm_eps)
-        self.lm_head = nn.Linear(d, draft_vocab, bias=False)
+        self.lm_head = Linear(d, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         self.vocab_map: torch.Tensor | None = None  # target id per draft id, set by bind() where it is not 1:1
         self.bound = False

@@ -25,6 +25,7 @@ from torch import nn
 
 from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
+from trtspec.speculative.model import Linear
 
 WEIGHTS = "medusa_lm_head.safetensors"
 TIED = "trtspec_output_is_target_lm_head"
@@ -33,7 +34,7 @@ TIED = "trtspec_output_is_target_lm_head"
 class ResBlock(nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.linear = nn.Linear(hidden, hidden)
+        self.linear = Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + F.silu(self.linear(x))
@@ -45,7 +46,7 @@ class MedusaHeads(nn.Module):
         self.num_heads, self.num_layers = num_heads, num_layers
         # index h.l as in the checkpoint: residual layers, then the output matrix (no bias)
         self.heads = nn.ModuleList(
-            nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)], nn.Linear(hidden, vocab, bias=False))
+            nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)], Linear(hidden, vocab, bias=False))
             for _ in range(num_heads)
         )
 
