@@ -18,7 +18,7 @@ from conftest import CONFIGS, REPO
 from trtspec.bench.records import read_records
 from trtspec.demo import POLICIES
 from trtspec.serve.locate import find_tritonserver
-from trtspec.serve.server import Ports, free_ports, start_server, wait_ready
+from trtspec.serve.server import Ports, free_ports, start_server, stop_all, wait_ready
 from trtspec.speculative.planted import PLANTED, PLANTED_ENV
 
 pytestmark = [
@@ -62,8 +62,7 @@ def triton(tmp_path_factory):
         "base": serve_config("tiny-baseline.yaml", "base", tmp),
     }
     yield tmp, servers
-    for server in servers.values():
-        server.stop()
+    stop_all(servers.values())
 
 
 def grpc(server) -> str:
@@ -144,8 +143,7 @@ def planted(triton):
         yield servers
     finally:
         os.environ.pop(PLANTED_ENV, None)
-        for server in servers.values():
-            server.stop()
+        stop_all(servers.values())
 
 
 @pytest.mark.slow

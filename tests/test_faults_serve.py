@@ -335,3 +335,34 @@ def test_serve_takes_its_address_from_the_variable_the_images_set(runner, tmp_pa
     seen.clear()
     assert runner.invoke(cli, ["serve", str(tmp_path)]).exit_code == 0
     assert seen["host"] == "127.0.0.1"
+
+
+SLOW_TO_EXIT = """import signal, sys, time
+def term(*_):
+    open(sys.argv[1], "w").write(str(time.monotonic()))
+    time.sleep(1.0)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+print("ready", flush=True)
+time.sleep(60)
+"""
+DEAF = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+
+
+def test_servers_stop_together_and_one_deaf_to_sigterm_is_killed(tmp_path):
+    """Every server gets SIGTERM before any has finished unloading (one at a time, each would wait a second
+    for the one before it); one that ignores SIGTERM is killed at the timeout; scratch folders go."""
+    marks = [tmp_path / f"term-{i}" for i in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", SLOW_TO_EXIT, str(m)], stdout=subprocess.PIPE) for m in marks]
+    procs.append(subprocess.Popen([sys.executable, "-c", DEAF], stdout=subprocess.PIPE))
+    for proc in procs:
+        assert proc.stdout.readline().strip() == b"ready"  # handlers installed
+    workdir = tmp_path / "scratch"
+    workdir.mkdir()
+    servers = [server_mod.Server(p, Ports(), tmp_path / "log", None) for p in procs]
+    servers[0].workdir = workdir
+    codes = server_mod.stop_all(servers, timeout=2.0)
+    assert codes == [0, 0, 0, -signal.SIGKILL]
+    termed = [float(m.read_text()) for m in marks]
+    assert max(termed) - min(termed) < 0.5, termed  # stopped one at a time, they would be a second apart
+    assert not workdir.exists()

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -132,8 +133,8 @@ def stack(tmp_path_factory):
     finally:
         process.terminate()
         process.wait(30)
-        for _cfg, path, _http, _metrics in served.values():
-            trtspec("serve", str(path), "--stop", cwd=tmp)
+        with ThreadPoolExecutor(len(served)) as pool:  # together: each takes seconds to unload its models
+            list(pool.map(lambda entry: trtspec("serve", str(entry[1]), "--stop", cwd=tmp), served.values()))
 
 
 def _answers(base: str, expr: str) -> list[dict] | None:

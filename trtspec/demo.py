@@ -86,7 +86,7 @@ def run_demo(
     from trtspec.build.builder import run_build
     from trtspec.config import load_config
     from trtspec.repository.package import package_repository
-    from trtspec.serve.server import Ports, start_server, wait_ready
+    from trtspec.serve.server import Ports, start_server, stop_all, wait_ready
 
     workdir.mkdir(parents=True, exist_ok=True)
     configs = {name: load_config(path) for name, path in write_configs(workdir, methods).items()}
@@ -130,8 +130,7 @@ def run_demo(
         print_curve(curves, console, workdir / "results" / "curve.json")
         return 1 if failed else 0
     finally:
-        for server in servers.values():
-            server.stop()
+        stop_all(servers.values())
 
 
 def print_curve(curves: dict[str, BenchSummary], console: Console, path: Path) -> None:
