@@ -17,6 +17,7 @@ from trtspec.speculative.factory import load_runner
 from trtspec.speculative.model import load_transformer
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
+from trtspec.speculative.tree import TreeShape
 
 PROMPTS = [[3, 4, 5, 6, 7], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 12, 13]]
 GREEDY = GenerationParams(max_tokens=24)
@@ -89,6 +90,62 @@ def test_every_draft_is_the_heads_own_chain_over_the_committed_tokens(target, he
             hidden = out.hidden
             expected.append(int(out.logits[0, -1].argmax()))
         assert drafts == expected, tokens
+
+
+@pytest.mark.parametrize("shape", ["2x2", "3x2", "4x3"])
+def test_greedy_eagle_tree_decoding_is_plain_decoding(target, head, shape):
+    plain = SpeculativeRunner(target).generate(PROMPTS, GREEDY)
+    runner = SpeculativeRunner(target, EagleDrafter(target, head), tree=TreeShape.parse(shape))
+    together = runner.generate(PROMPTS, GREEDY)
+    assert [g.tokens for g in together] == [g.tokens for g in plain]
+    assert runner.generate([PROMPTS[2]], GREEDY)[0].tokens == plain[2].tokens
+    assert sum(g.stats.accepted_tokens for g in together) > 0
+
+
+@torch.inference_mode()
+def fresh_chain_logits(target, head, tokens: list[int], branch: list[int]) -> torch.Tensor:
+    """The head's logits after the committed `tokens` and then `branch`, run afresh as one chain."""
+    n, seq = len(tokens), torch.tensor([tokens])
+    features = target(seq, torch.arange(n)[None], target.new_cache(1, 64), capture=head.capture).features
+    cache = head.new_cache(1, 64)
+    out = head.layer(target, features[:, : n - 1], seq[:, 1:], torch.arange(n - 1)[None], cache)
+    hidden, logits = out.hidden[:, -1:], out.logits[0, -1]
+    for j, token in enumerate(branch, start=1):
+        out = head.layer(target, hidden, torch.tensor([[token]]), torch.tensor([[n - 2 + j]]), cache)
+        hidden, logits = out.hidden, out.logits[0, -1]
+    return logits
+
+
+def test_every_tree_node_is_among_the_top_of_the_heads_own_chain_along_its_branch(target, head):
+    """A node's children are among the top `width` tokens the head gives when run afresh down the node's
+    branch: the tree's nodes read their parent's output at their branch's positions, seeing only their
+    ancestors. The root's children are exactly its top `width`."""
+    drafter, shape = EagleDrafter(target, head), TreeShape.parse("3x2")
+    trees = []
+    original = drafter.propose_tree
+
+    def spy(state, tree_shape, slots):
+        tree = original(state, tree_shape, slots)
+        for row, slot in enumerate(slots.index.tolist()):
+            rows = (tree.tokens[row].tolist(), tree.parents[row].tolist(), tree.valid[row].tolist())
+            trees.append((state.tokens[slot, : int(state.lengths[slot])].tolist(), *rows))
+        return tree
+
+    drafter.propose_tree = spy
+    SpeculativeRunner(target, drafter, tree=shape).generate(PROMPTS, GREEDY)
+    assert len(trees) > 10
+    checked = 0
+    for tokens, nodes, parents, valid in trees:
+        for parent in sorted({parents[i] for i, ok in enumerate(valid) if ok}):
+            branch, p = [], parent
+            while p >= 0:
+                branch.insert(0, nodes[p])
+                p = parents[p]
+            top = set(fresh_chain_logits(target, head, tokens, branch).topk(shape.width).indices.tolist())
+            children = {nodes[i] for i, ok in enumerate(valid) if ok and parents[i] == parent}
+            assert children == top if parent < 0 else children <= top, (tokens, branch)
+            checked += parent >= 0
+    assert checked > 10
 
 
 def test_drafts_come_from_the_draft_vocabulary_mapped_by_d2t(target, head):

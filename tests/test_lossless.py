@@ -2,10 +2,11 @@
 
 On tiny context-dependent models (vocabulary 8) the exact joint distribution of the first four
 generated tokens is enumerated from the target, and N = 100,000 speculative samples are tested
-against it with a chi-square test at significance 1e-3. The same test is run on two deliberately
-broken samplers (the classic bugs: resampling from p after a rejection, and an argmax draft
-verified with its softmax q), which must fail by orders of magnitude; that is what shows the test
-has the power to catch a broken sampler.
+against it with a chi-square test at significance 1e-3. The same test is run on deliberately
+broken samplers (the classic bugs: resampling from p after a rejection, an argmax draft verified
+with its softmax q, Medusa's typical acceptance), which must fail by orders of magnitude with a fifth
+of the samples (N_BROKEN; they reach p < 1e-190 there); that is what shows the test has the power to
+catch a broken sampler at N.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from trtspec.speculative.tree import TreeShape, TreeVerified
 pytestmark = pytest.mark.slow
 
 V, N, LENGTH, ALPHA = 8, 100_000, 4, 1e-3
+N_BROKEN = 20_000  # a broken sampler fails by orders of magnitude at a fifth of N
 PROMPT = [2, 3, 2, 3, 2]
 T1 = SamplingParams(temperature=1.0)
 WARPED = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
@@ -81,11 +83,11 @@ def chi_square(samples: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
     return float(stat), float(p)
 
 
-def run(target, drafter, params: SamplingParams, k: int = 3, seed: int = 0, runner_cls=SpeculativeRunner, **kw):
-    runner = runner_cls(target, drafter, num_draft_tokens=k, **kw)
-    out = runner.generate([PROMPT] * N, GenerationParams(max_tokens=LENGTH, sampling=params, seed=seed))
+def run(target, drafter, params: SamplingParams, k: int = 3, seed: int = 0, n: int = N, **kw):
+    runner = SpeculativeRunner(target, drafter, num_draft_tokens=k, **kw)
+    out = runner.generate([PROMPT] * n, GenerationParams(max_tokens=LENGTH, sampling=params, seed=seed))
     samples = np.array([g.tokens for g in out])
-    assert samples.shape == (N, LENGTH)
+    assert samples.shape == (n, LENGTH)
     accepted = sum(g.stats.accepted_tokens for g in out) / max(1, sum(g.stats.draft_tokens for g in out))
     return samples, accepted
 
@@ -132,7 +134,7 @@ class ArgmaxDraftSoftmaxQ(DraftModelDrafter):
 def test_planted_verification_bugs_fail_by_a_wide_margin(models, bug):
     """The bugs the served lossless check is shown to catch are really wrong, by the exact test."""
     target, draft = models
-    samples, _ = run(target, DraftModelDrafter(draft), T1, k=2, verify_fn=PLANTED[bug])
+    samples, _ = run(target, DraftModelDrafter(draft), T1, k=2, n=N_BROKEN, verify_fn=PLANTED[bug])
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
 
@@ -141,7 +143,8 @@ def test_a_planted_bug_under_a_self_draft_fails_by_a_wide_margin(models):
     """The self-draft's samples go through the same verifier: the exact test sees it broken there too."""
     target, _ = models
     bug = sorted(PLANTED)[0]
-    samples, _ = run(target, DraftModelDrafter(self_draft_model(target, [0], "int8")), T1, k=2, verify_fn=PLANTED[bug])
+    drafter = DraftModelDrafter(self_draft_model(target, [0], "int8"))
+    samples, _ = run(target, drafter, T1, k=2, n=N_BROKEN, verify_fn=PLANTED[bug])
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
 
@@ -150,14 +153,14 @@ def test_a_planted_bug_under_an_eagle3_head_fails_by_a_wide_margin(models, eagle
     """The head's drafts (q zero off its draft vocabulary) go through the same verifier: a broken rule shows."""
     target, _ = models
     bug = sorted(PLANTED)[0]
-    samples, _ = run(target, EagleDrafter(target, eagle_head), T1, k=2, verify_fn=PLANTED[bug])
+    samples, _ = run(target, EagleDrafter(target, eagle_head), T1, k=2, n=N_BROKEN, verify_fn=PLANTED[bug])
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"{bug}: chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
 
 
 def test_broken_argmax_draft_with_softmax_q_fails_by_a_wide_margin(models):
     target, draft = models
-    samples, _ = run(target, ArgmaxDraftSoftmaxQ(draft), T1)
+    samples, _ = run(target, ArgmaxDraftSoftmaxQ(draft), T1, n=N_BROKEN)
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken sampler"
 
@@ -171,12 +174,13 @@ def medusa_heads(target) -> MedusaHeads:
 
 
 @pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
-@pytest.mark.parametrize("mode", ["draft-target", "ngram", "medusa", "self-draft"])
-def test_tree_samples_follow_the_target_exactly(models, mode, params):
+@pytest.mark.parametrize("mode", ["draft-target", "ngram", "medusa", "self-draft", "eagle3"])
+def test_tree_samples_follow_the_target_exactly(models, eagle_head, mode, params):
     """Multi-candidate verification of a token tree (SpecInfer's rule with deterministic candidates)."""
     target, draft = models
     drafter = {
         "draft-target": lambda: DraftModelDrafter(draft),
+        "eagle3": lambda: EagleDrafter(target, eagle_head),
         "self-draft": lambda: DraftModelDrafter(self_draft_model(target, [0])),
         "ngram": NgramDrafter,
         "medusa": lambda: MedusaDrafter(medusa_heads(target)),
@@ -216,7 +220,7 @@ def typical_acceptance(tree, logits, sampling, depth=None, threshold: float = 0.
 def test_typical_acceptance_on_a_tree_fails_by_a_wide_margin(models, monkeypatch):
     target, draft = models
     monkeypatch.setattr(batch, "verify_tree", typical_acceptance)
-    samples, _ = run(target, DraftModelDrafter(draft), T1, tree=TREE)
+    samples, _ = run(target, DraftModelDrafter(draft), T1, n=N_BROKEN, tree=TREE)
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken tree verifier"
 
@@ -240,7 +244,7 @@ def test_typical_acceptance_under_lookahead_fails_by_a_wide_margin(models, monke
     target, _ = models
     monkeypatch.setattr(batch, "verify_tree", typical_acceptance)
     drafter = LookaheadDrafter(*LOOKAHEAD)
-    samples, _ = run(target, drafter, T1, tree=drafter.fixed_tree)
+    samples, _ = run(target, drafter, T1, n=N_BROKEN, tree=drafter.fixed_tree)
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken verifier under lookahead"
 

@@ -13,7 +13,7 @@ from test_check import DEEPSEEK_R1, LLAMA_1B, LLAMA_70B, _published, config
 from trtspec.cli import cli
 from trtspec.config import validate_config
 from trtspec.errors import UsageError
-from trtspec.methods import PromptsRun
+from trtspec.methods import CHAIN_KS, TREES, PromptsRun
 from trtspec.plan import batch_sizes, gpu_costs, predict
 from trtspec.prompts import BUILTIN_PROMPTS, load_prompts
 from trtspec.speculative.requests import RequestStats
@@ -215,8 +215,8 @@ def test_plan_compares_only_the_methods_asked_for_and_refuses_others(runner, tmp
     assert res.exit_code == 2 and "--methods (none)" in res.stderr
 
 
-def test_plan_compares_the_shipped_eagle3_heads_chains(runner, tmp_path):
-    """An EAGLE-3 deployment: plan measures the head's chains (its method rows) and recommends a K for it."""
+def test_plan_compares_the_shipped_eagle3_heads_chains_and_trees(runner, tmp_path):
+    """An EAGLE-3 deployment: plan measures the head's chains and trees (its method rows) and recommends one."""
     config = {
         "name": "e3",
         "target": {"checkpoint": "embedded:tiny-target", "dtype": "float32"},
@@ -232,7 +232,7 @@ def test_plan_compares_the_shipped_eagle3_heads_chains(runner, tmp_path):
     assert res.exit_code == 0, res.output
     plan = json.loads(res.output)
     rows = {r["method"]: r for r in plan["methods"]["rows"]}
-    assert set(rows) == {"eagle3 K=1", "eagle3 K=2", "eagle3 K=3", "eagle3 K=4"}
+    assert set(rows) == {f"eagle3 K={k}" for k in CHAIN_KS} | {f"eagle3 tree {shape}" for shape in TREES}
     assert plan["recommended_method"]["mode"] == "eagle3"
     # the trained head is accepted far above chance on the first draft of a step
     assert plan["acceptance_per_position"][0] > 0.2

@@ -105,6 +105,7 @@ class Eagle3(SpecMode):
     settings_model: ClassVar[type[Section] | None] = Eagle3Section
     decoding_types: ClassVar[tuple[str, ...]] = ("Eagle", "Eagle3")
     default_k: ClassVar[int | None] = 3
+    runner_trees: ClassVar[bool] = True  # EAGLE-2's dynamic tree from the head (TensorRT-LLM: use_dynamic_tree)
     torch_deploys: ClassVar[bool] = False  # the torch engine and its served models carry no head yet
 
     def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:

@@ -325,18 +325,8 @@ class MTPDrafter(Drafter):
         # the committed sequences with the drafts written after them, as the deeper layers read them
         seq = state.tokens[idx]
         for depth in range(min(self.depths, k)):
-            source = state.target_hidden if depth == 0 else self.hidden[depth - 1]
-            starts = self.valid[depth, idx]
-            if (behind := _behind(n - 1 - starts)) is not None:  # all but position n-2, alone
-                lag = idx[behind]
-                self._run(depth, source, seq[behind], lag, starts[behind], n[behind] - 2, Slots.of(lag.tolist()), True)
-                starts = starts.clone()
-                starts[behind] = n[behind] - 2
-            counts = n - 1 - starts  # positions starts..n-2; the chain drafts at n-2
-            out = self._run(depth, source, seq, idx, starts, n - 1, slots)
-            last = counts - 1
-            last_hidden = out.hidden[rows, last]
-            d, q = self.draw(out.logits[rows, last], state)
+            logits, last_hidden = self._catch_up(state, depth, seq, slots)
+            d, q = self.draw(logits, state)
             seq[rows, n + depth] = d
             drafts.append(d)
             probs.append(q)
@@ -349,6 +339,21 @@ class MTPDrafter(Drafter):
             drafts.append(d)
             probs.append(q)
         return _proposal(drafts, probs, len(idx))
+
+    def _catch_up(self, state: BatchState, depth: int, seq: torch.Tensor, slots: Slots):
+        """Bring layer `depth` up to position n-2, where it drafts: its logits [B, V] and output [B, d] there."""
+        idx = slots.index
+        n = state.lengths[idx]
+        source = state.target_hidden if depth == 0 else self.hidden[depth - 1]
+        starts = self.valid[depth, idx]
+        if (behind := _behind(n - 1 - starts)) is not None:  # all but position n-2, alone
+            lag = idx[behind]
+            self._run(depth, source, seq[behind], lag, starts[behind], n[behind] - 2, Slots.of(lag.tolist()), True)
+            starts = starts.clone()
+            starts[behind] = n[behind] - 2
+        out = self._run(depth, source, seq, idx, starts, n - 1, slots)  # positions starts..n-2
+        rows, last = torch.arange(len(idx), device=idx.device), n - 2 - starts
+        return out.logits[rows, last], out.hidden[rows, last]
 
     def _run(self, depth, source, seq, idx, starts, ends, slots: Slots, last_only: bool = False):
         """Layer `depth` over positions starts..ends-1 of rows `idx` (`seq` holds their tokens)."""

@@ -28,7 +28,7 @@ from torch import nn
 from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
 from trtspec.modes.eagle3 import recorded_layers, trtllm_default_capture
-from trtspec.speculative.drafters import MTPDrafter
+from trtspec.speculative.drafters import BatchState, MTPDrafter, _prune, _tree
 from trtspec.speculative.model import (
     Block,
     ForwardOut,
@@ -38,9 +38,11 @@ from trtspec.speculative.model import (
     RMSNorm,
     Slots,
     Transformer,
+    TreeAttention,
     dims_from_hf_config,
     read_weights,
 )
+from trtspec.speculative.tree import TokenTree, TreeShape, ancestors, tree_attention
 
 ARCHITECTURE = "LlamaForCausalLM"  # every TensorRT-LLM version maps it to the EAGLE-3 class given draft_vocab_size
 WEIGHTS = "model.safetensors"
@@ -135,12 +137,14 @@ class Eagle3Head(nn.Module):
         cache: KVCache,
         slots: Slots | None = None,
         last_only: bool = False,
+        tree: TreeAttention | None = None,
     ) -> ForwardOut:
         """The head at `positions`: `hidden` is the target's captured features (fused by fc first, which
         TensorRT-LLM also decides by the input's width) or the head's own previous output; `tokens` are the
-        next tokens. Logits come over the target's vocabulary (-inf outside the draft vocabulary)."""
+        next tokens. Logits come over the target's vocabulary (-inf outside the draft vocabulary). With
+        `tree`, `positions` are cache slots and the tree gives rotary positions and visibility (as the target's)."""
         cache, index = slots.resolve(cache) if slots is not None else (cache, None)
-        cos, sin, mask, kv_len = target._attention_inputs(positions, cache)
+        cos, sin, mask, kv_len = target._attention_inputs(positions, cache, tree)
         if hidden.shape[-1] != self.dims.hidden_size:
             hidden = self.fc(hidden)
         x = self.step(target.embed_tokens(tokens), hidden, cos, sin, cache, positions, mask, kv_len, index)
@@ -289,5 +293,35 @@ class EagleDrafter(MTPDrafter):
     def _new_cache(self, batch: int, capacity: int) -> KVCache:
         return self.head.new_cache(batch, capacity)
 
-    def _layer(self, depth, hidden, tokens, positions, cache, slots, last_only: bool = False) -> ForwardOut:
-        return self.head.layer(self.model, hidden, tokens, positions, cache, slots, last_only)
+    def _layer(self, depth, hidden, tokens, positions, cache, slots, last_only: bool = False, tree=None) -> ForwardOut:
+        return self.head.layer(self.model, hidden, tokens, positions, cache, slots, last_only, tree)
+
+    proposes_trees = True
+
+    def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
+        """EAGLE-2's dynamic tree from the head: the root's top `width` tokens, then per level every kept node
+        run through the head at once (its parent's output and its own token, at its branch's position, seeing
+        the committed prefix and its ancestors), the `width` children with the best cumulative log-probability
+        kept. One head pass per level, as a chain of the tree's depth costs."""
+        n = state.lengths[slots.index]
+        b, w = len(n), shape.width
+        logits, hidden = self._catch_up(state, 0, state.tokens[slots.index], slots)  # at n-2: drafts position n
+        score, first = logits.log_softmax(-1).topk(w, -1)
+        tokens, scores = [first], [score]
+        parents = [torch.full((b, w), -1, dtype=torch.long, device=n.device)]
+        reads = hidden[:, None].expand(b, w, -1)  # what each node of the last level is run on: its parent's output
+        for level in range(1, shape.depth):
+            so_far = torch.cat(parents, 1)
+            frontier = torch.arange(so_far.shape[1] - w, so_far.shape[1], device=n.device)
+            # the head's cache holds positions up to n-2; node i sits at slot n-1+i, at the position before its
+            # token's (n-2+level for a node of depth `level`), as the chain's later drafts do
+            rope = (n - 2 + level)[:, None].expand(b, w)
+            attention = tree_attention(n - 1, n - 1, ancestors(so_far)[:, frontier], rope)
+            out = self._layer(0, reads, tokens[-1], (n - 1)[:, None] + frontier, self.cache, slots, tree=attention)
+            _prune(scores, tokens, parents, out.logits.log_softmax(-1), w)
+            reads = out.hidden.gather(1, (parents[-1] - frontier[0])[..., None].expand(-1, -1, out.hidden.shape[-1]))
+        return _tree(tokens, parents, shape)
+
+    def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
+        # the slots from n-1 on held the tree's branches: positions before them are exact, as after a chain
+        self.commit(state, old_lengths, 1, slots)
