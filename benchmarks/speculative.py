@@ -20,8 +20,8 @@ promise the loop keeps. In isolation
 (`bound_isolated`, `efficiency_isolated`): each call timed alone at the start of every round, the faster
 kept, and d counts the calls the drafter makes at their widths (`drafting_cost`): a draft model's first
 pass over what it has not seen and then one pass per draft (per tree level, W tokens wide), MTP layer l
-over the m + 1 + l positions it reruns (the EAGLE-3 head as a one-layer chain), one heads call for Medusa,
-0 for n-gram and lookahead. On this
+over the m + 1 + l positions it reruns (the EAGLE-3 head as a one-layer chain; its trees as a draft
+model's), one heads call for Medusa, 0 for n-gram and lookahead. On this
 CPU a call alone is cheaper than in the loop (a small draft's weights sit in cache when it runs alone and
 are evicted by every target pass beside it), so the isolated bound overstates what any loop can reach.
 Both use the same E[tokens/pass] (the isolated one took conditional rates before 2026-11-26's fourth run).
@@ -188,6 +188,8 @@ def drafting_cost(
         return at(c, 1 + accepted) + (tree.depth - 1) * c[tree.width] if tree else at(c, 1 + every) + (k - 1) * c[1]
     if mode in ("mtp", "eagle3"):  # an EAGLE-3 head is a one-layer chain
         c, layers = costs["c_mtp" if mode == "mtp" else "c_eagle"], min(drafter.depths, k)
+        if tree:  # the head over the accepted path + 1, then a pass of `width` nodes per further level
+            return at(c, 1 + accepted) + (tree.depth - 1) * c[tree.width]
         return sum(at(c, 1 + accepted + j) for j in range(layers)) + (k - layers) * c[1]
     if mode == "medusa":
         return costs["c_heads"]
