@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from tiny_models import make_checkpoint
 
 from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.heads import MedusaHeads
 from trtspec.speculative.model import Linear, load_transformer
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
@@ -60,6 +61,14 @@ def test_linear_wide_inputs_use_a_column_major_copy_that_follows_the_weight():
     x = torch.randn(6, 24)
     layer(x).sum().backward()  # autograd multiplies by the weight itself, so gradients reach it
     assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_every_matrix_of_the_runners_models_is_that_linear(pair):
+    """A verify pass costs about one token's only if every product in it takes that path (blocks, MTP, heads)."""
+    target, draft = pair
+    head = MedusaHeads(2, 1, target.dims.hidden_size, target.dims.vocab_size)
+    layers = [m for model in (target, draft, head) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(layers) > 4 * target.dims.num_layers and all(type(m) is Linear for m in layers)
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])

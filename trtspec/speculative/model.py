@@ -154,11 +154,11 @@ class Block(nn.Module):
         q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         self.input_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         # attention reads the normed input: width d, or 2d in an EAGLE-3 layer ([embedding, hidden])
-        self.qkv = nn.Linear(attention_in or d.hidden_size, q + 2 * kv, bias=d.attention_bias)
-        self.o_proj = nn.Linear(q, d.hidden_size, bias=False)
+        self.qkv = Linear(attention_in or d.hidden_size, q + 2 * kv, bias=d.attention_bias)
+        self.o_proj = Linear(q, d.hidden_size, bias=False)
         self.post_attention_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
-        self.gate_up = nn.Linear(d.hidden_size, 2 * d.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(d.intermediate_size, d.hidden_size, bias=False)
+        self.gate_up = Linear(d.hidden_size, 2 * d.intermediate_size, bias=False)
+        self.down_proj = Linear(d.intermediate_size, d.hidden_size, bias=False)
 
     def forward(
         self,
