@@ -285,13 +285,14 @@ class BatchEngine:
     def has_work(self) -> bool:
         return bool(self.waiting) or self.running > 0
 
-    def _reused_prefix(self, prompt: torch.Tensor, free: list[int]) -> tuple[int, int]:
+    def _reused_prefix(self, prompt: list[int], free: list[int]) -> tuple[int, int]:
         """The free slot whose cached tokens share the longest prefix with `prompt`, and that length."""
         limit = min(len(prompt) - 1, self.capacity)  # the last prompt token is always fed: its logits start decoding
         if not self.reuse or limit <= 0:
             return free[0], 0
         index = torch.tensor(free, device=self.device)
-        same = self.state.tokens[index, :limit] == prompt[None, :limit]
+        head = torch.tensor(prompt[:limit], dtype=torch.long, device=self.device)
+        same = self.state.tokens[index, :limit] == head[None, :]
         same &= torch.arange(limit, device=self.device)[None, :] < self.cached[index, None]
         shared = same.long().cumprod(1).sum(1)
         best = int(shared.argmax())
@@ -305,25 +306,32 @@ class BatchEngine:
             if seq.cancelled:
                 finished += self._finish([seq], "cancelled")
                 continue
-            prompt = torch.tensor(seq.prompt, dtype=torch.long, device=self.device)
-            slot, shared = self._reused_prefix(prompt, free)
+            slot, shared = self._reused_prefix(seq.prompt, free)
             free.remove(slot)
             self.free.discard(slot)
             self.rows[slot] = seq
             seq.slot, seq.fed, seq.reused, seq.admitted_ns = slot, shared, shared, time.time_ns()
-            self.state.tokens[slot, : len(prompt)] = prompt
-            self.state.lengths[slot] = len(prompt)
-            self.cached[slot] = shared
-            self.produced[slot] = 0
-            self.stopped[slot] = False
-            self.drafted_pos[slot] = 0
-            self.accepted_pos[slot] = 0
             admitted.append(seq)
             slots.append(slot)
             reused.append(shared)
-        if admitted and self.drafter is not None:
-            index = torch.tensor(slots, device=self.device)
-            self.drafter.admit(index, torch.tensor(reused, device=self.device))
+        if not admitted:
+            return
+        # the admitted rows' state in a few batched writes (a burst of thousands admits at once)
+        index = torch.tensor(slots, device=self.device)
+        lengths = torch.tensor([len(s.prompt) for s in admitted], device=self.device)
+        cols = torch.arange(int(lengths.max()), device=self.device)[None, :]
+        prompts = torch.tensor([s.prompt + [0] * (cols.shape[1] - len(s.prompt)) for s in admitted], device=self.device)
+        current = self.state.tokens[index[:, None], cols]
+        self.state.tokens[index[:, None], cols] = torch.where(cols < lengths[:, None], prompts, current)
+        self.state.lengths[index] = lengths
+        shared = torch.tensor(reused, device=self.device)
+        self.cached[index] = shared
+        self.produced[index] = 0
+        self.stopped[index] = False
+        self.drafted_pos[index] = 0
+        self.accepted_pos[index] = 0
+        if self.drafter is not None:
+            self.drafter.admit(index, shared)
         width = max((s.num_draft_tokens for s in admitted), default=0)
         if width > self.drafted_pos.shape[1]:
             pad = torch.zeros(len(self.rows), width - self.drafted_pos.shape[1], dtype=torch.long, device=self.device)
