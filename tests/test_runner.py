@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import make_checkpoint
 
 from trtspec.speculative.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
+from trtspec.speculative.eagle import Eagle3Head
 from trtspec.speculative.heads import MedusaHeads
-from trtspec.speculative.model import Linear, load_transformer
+from trtspec.speculative.model import Linear, column_major, load_transformer
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 
@@ -52,8 +55,13 @@ def test_linear_wide_inputs_use_a_column_major_copy_that_follows_the_weight():
         x = torch.randn(1, rows, 24)
         with torch.inference_mode():
             assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5)
-    copy = layer.__dict__["_column_major_copy"][1]
+    copy = column_major(layer.weight)
     assert copy.stride() == (1, 40) and torch.equal(copy, layer.weight.detach())
+    tied = Linear(24, 40)
+    tied.weight = layer.weight  # a head tied to the target's matrix shares its copy, not one more of its own
+    with torch.inference_mode():
+        tied(torch.randn(5, 24))
+    assert column_major(tied.weight) is copy
     with torch.no_grad():
         layer.weight.mul_(2)  # an in-place change (a training step, a load) must not leave the copy stale
         x = torch.randn(5, 24)
@@ -67,7 +75,10 @@ def test_every_matrix_of_the_runners_models_is_that_linear(pair):
     """A verify pass costs about one token's only if every product in it takes that path (blocks, MTP, heads)."""
     target, draft = pair
     head = MedusaHeads(2, 1, target.dims.hidden_size, target.dims.vocab_size)
-    layers = [m for model in (target, draft, head) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    dims = replace(target.dims, num_layers=1, num_mtp_layers=0)
+    eagle = Eagle3Head(dims, (0, 1), target.dims.hidden_size, target.dims.vocab_size)
+    models = (target, draft, head, eagle)
+    layers = [m for model in models for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert len(layers) > 4 * target.dims.num_layers and all(type(m) is Linear for m in layers)
 
 

@@ -95,7 +95,7 @@ class Eagle3(SpecMode):
             None,
             None,
             TORCH_RUNNER_FAMILIES,
-            note="trtspec runner only (generate, plan, bench): the head's chain on the target's captured layers",
+            note="trtspec runner only (generate, plan, bench): the head's chains and trees on the captured layers",
         ),
     )
     needs_draft: ClassVar[bool] = True

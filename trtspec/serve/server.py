@@ -16,6 +16,7 @@ says its HTTP service started, so another server answering on the port is never 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -75,27 +76,30 @@ class Server:
     def http_url(self) -> str:
         return f"{self.ports.client_host}:{self.ports.http}"
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def stop(self, timeout: float | None = 30.0) -> int:
         """SIGTERM (tritonserver unloads models and exits), then SIGKILL if it does not."""
         return stop_all([self], timeout)[0]
 
 
-def stop_all(servers: Iterable[Server], timeout: float = 30.0) -> list[int]:
+def stop_all(servers: Iterable[Server], timeout: float | None = 30.0) -> list[int]:
     """Stop servers together: each unloads its models at once rather than after the one before it has
-    (several seconds each), SIGKILL for any still up `timeout` seconds after its SIGTERM."""
+    (several seconds each), SIGKILL for any still up `timeout` seconds after its SIGTERM (None: wait).
+    Every server is waited for and its scratch folder removed even when another one fails to stop."""
     servers = list(servers)
     for server in servers:
         if server.process.poll() is None:
-            server.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
+            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to signal: the wait below settles it
+                server.process.send_signal(signal.SIGTERM)
+    deadline = None if timeout is None else time.monotonic() + timeout
     for server in servers:
         try:
-            server.process.wait(max(0.0, deadline - time.monotonic()))
+            server.process.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait()
-        if server.workdir is not None:
-            shutil.rmtree(server.workdir, ignore_errors=True)
+        finally:
+            if server.workdir is not None:
+                shutil.rmtree(server.workdir, ignore_errors=True)
     return [server.process.returncode for server in servers]
 
 

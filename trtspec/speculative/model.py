@@ -74,23 +74,27 @@ CPU_ROW_MAJOR_MAX_ROWS = 3
 class Linear(nn.Linear):
     """nn.Linear whose CPU inference keeps a column-major copy of its weight for inputs of 4+ rows.
 
-    The copy doubles the matrix's memory on CPU (only there, and only once such an input is seen); it
-    is rebuilt when the weight changes in place. Training (autograd on) uses the weight itself."""
+    The copy doubles the matrix's memory on CPU (only there, and only once such an input is seen). It
+    hangs on the weight itself, so modules sharing a matrix (a head tied to the target's lm_head) share
+    one copy, and is rebuilt when the weight changes in place (weights made under inference mode have no
+    version to tell: change them out of it). Training (autograd on) uses the weight itself."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or torch.is_grad_enabled() or x.numel() <= CPU_ROW_MAJOR_MAX_ROWS * x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
-        return F.linear(x, self._column_major(), self.bias)
+        return F.linear(x, column_major(self.weight), self.bias)
 
-    def _column_major(self) -> torch.Tensor:
-        w = self.weight
-        key = (w.data_ptr(), w.dtype, w._version if not w.is_inference() else None)
-        cached = self.__dict__.get("_column_major_copy")
-        if cached is None or cached[0] != key:
-            with torch.inference_mode(False):  # a normal tensor, whichever mode first asked for it
-                copy = w.detach().t().contiguous().t()
-            self.__dict__["_column_major_copy"] = cached = (key, copy)
-        return cached[1]
+
+def column_major(w: torch.Tensor) -> torch.Tensor:
+    """The weight's values stored column-major, made once per weight and kept on it."""
+    key = (w.data_ptr(), w.dtype, w._version if not w.is_inference() else None)
+    cached = getattr(w, "_trtspec_column_major", None)
+    if cached is None or cached[0] != key:
+        with torch.inference_mode(False):  # a normal tensor, whichever mode first asked for it
+            copy = w.detach().t().contiguous().t()
+        cached = (key, copy)
+        w._trtspec_column_major = cached
+    return cached[1]
 
 
 class RMSNorm(nn.Module):
