@@ -173,3 +173,5 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     cfgs = {name: load_config(path) for name, path in paths.items()}
     assert cfgs["ngram-fixed"].mode == "ngram" and cfgs["ngram-adaptive"].speculation.policy == "adaptive"
     assert len({c.serve.grpc_port for c in cfgs.values()}) == 3
+    every = demo.write_configs(tmp_path / "all", tuple(demo.SPECULATIVE))  # each setup is a valid deployment
+    assert {load_config(path).mode for path in every.values()} == {"none", *demo.SPECULATIVE}

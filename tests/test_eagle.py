@@ -8,10 +8,13 @@ import json
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from tiny_models import make_checkpoint, make_eagle3_head
 
-from trtspec.errors import UsageError
+from trtspec.config import DeploymentConfig, validate_config
+from trtspec.errors import ConfigError, UsageError
+from trtspec.speculative.batch import Sequence
 from trtspec.speculative.eagle import WEIGHTS, EagleDrafter, default_capture, load_eagle3
 from trtspec.speculative.factory import load_runner
 from trtspec.speculative.model import load_transformer
@@ -267,15 +270,78 @@ def test_a_head_that_does_not_record_its_layers_reads_tensorrt_llms_default(path
     assert named.drafter.feature_layers == (0, 2, 4)
 
 
-def test_the_eagle3_mode_runs_in_the_runner_and_is_refused_for_torch_engines(paths):
-    from trtspec.modes import REGISTRY, RUNNER_MODES
+def _deployment(paths, root, version: str = "1.2.1", **speculation) -> DeploymentConfig:
+    data = {
+        "name": "e3",
+        "target": {"checkpoint": str(paths[0]), "dtype": "float32"},
+        "draft": {"checkpoint": str(paths[1]), "dtype": "float32"},
+        "eagle3": {"layers_to_capture": [4, 2, 1]},
+        "speculation": {"mode": "eagle3", "num_draft_tokens": 2, "policy": "fixed", **speculation},
+        "build": {"backend": "torch", "device": "cpu", "max_batch_size": 2, "max_seq_len": 64, "max_input_len": 32},
+        "build_version": version,
+        "serve": {"flavour": "llmapi", "repository": str(root / "repo")},
+    }
+    data["build"].update(output_dir=str(root / "engines"), tensorrt_llm_version=data.pop("build_version"))
+    return validate_config(data, root / "e3.yaml")
 
-    assert "eagle3" in RUNNER_MODES
-    runner = load_runner(paths[0], "eagle3", paths[1], num_draft_tokens=2)
-    plain = SpeculativeRunner(load_transformer(paths[0])).generate(PROMPTS[:1], GREEDY)
-    assert runner.generate(PROMPTS[:1], GREEDY)[0].tokens == plain[0].tokens
-    refusal = REGISTRY["eagle3"].torch_deploy_refusal(None)
-    assert refusal is not None and "pytorch (TensorRT-LLM 1.0, 1.2)" in refusal and "), torch" not in refusal
+
+def test_an_eagle3_deployment_builds_packages_and_serves_the_head_beside_its_target(paths, tmp_path):
+    """Backend torch carries the head into the build (cast, loaded) and the llmapi model.yaml names it as
+    TensorRT-LLM's Eagle3 speculative_config does; the served engine drafts with it on the configured layers,
+    chains or the configured tree, and decodes greedily as plain decoding."""
+    from trtspec.build.builder import run_build
+    from trtspec.repository.package import package_repository
+    from trtspec.repository.serving import engine_from_model_yaml
+
+    plain = SpeculativeRunner(load_transformer(paths[0])).generate(PROMPTS, GREEDY)
+    # 1.2 spells it Eagle3 and speculative_model, 1.0 Eagle; backend torch reads the layers from either
+    for tree, version, decoding_type in ((None, "1.2.1", "Eagle3"), ("2x2", "1.0.3", "Eagle")):
+        cfg = _deployment(paths, tmp_path / str(tree), version, **({"tree": tree} if tree else {}))
+        assert run_build(cfg).built == ["target", "draft"]
+        engines = tmp_path / str(tree) / "engines" / "e3"
+        assert json.loads((engines / "draft" / "engine.json").read_text())["role"] == "draft"
+        assert load_eagle3(engines / "draft").fc.weight.dtype == torch.float32
+        repo = package_repository(cfg)
+        options = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+        spec = options["speculative_config"]
+        assert spec["decoding_type"] == decoding_type and spec["max_draft_len"] == 2
+        assert spec["speculative_model"] == str(engines / "draft") and spec["eagle3_layers_to_capture"] == [4, 2, 1]
+        engine, _ = engine_from_model_yaml(options)
+        assert isinstance(engine.drafter, EagleDrafter) and engine.drafter.feature_layers == (1, 2, 4)
+        assert engine.tree == (TreeShape.parse(tree) if tree else None)
+        served = [Sequence(p, GREEDY) for p in PROMPTS]  # three requests in the served engine's two slots
+        for seq in served:
+            engine.add(seq)
+        while engine.has_work():
+            engine.step()
+        assert [s.result.tokens for s in served] == [g.tokens for g in plain]
+        assert sum(s.result.stats.draft_tokens for s in served) > 0  # drafted (a random head is seldom right)
+    # the served runner reads the layers from model.yaml: layers the head was not trained on are refused
+    options["speculative_config"]["eagle3_layers_to_capture"] = [0, 2, 4]
+    with pytest.raises(UsageError, match=r"layers_to_capture \[0, 2, 4\]: the EAGLE-3 head was trained on"):
+        engine_from_model_yaml(options)
+
+
+def test_a_head_that_does_not_load_fails_the_build_in_one_line_and_builds_nothing(paths, tmp_path):
+    import shutil
+
+    from trtspec.build.builder import run_build
+
+    broken = tmp_path / "broken"
+    shutil.copytree(paths[1], broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "num_attention_heads": None}))
+    cfg = _deployment((paths[0], broken), tmp_path)
+    with pytest.raises(UsageError, match=r"config\.json") as err:
+        run_build(cfg)
+    assert "\n" not in str(err.value) and not (tmp_path / "engines" / "e3" / "draft").exists()
+
+
+def test_the_engine_flavour_refuses_eagle3_which_compiled_engines_lack(paths, tmp_path):
+    data = _deployment(paths, tmp_path).model_dump(mode="json")
+    data["serve"].update(flavour="engine", streaming=False)
+    with pytest.raises(ConfigError, match=r"serve\.flavour: the engine flavour stands in for compiled engines"):
+        validate_config(data, tmp_path / "e3.yaml")
 
 
 @pytest.mark.parametrize(

@@ -247,7 +247,7 @@ def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, 
             assert res.exit_code != 0 and "is not built or served on backend torch" in res.output, res.output
         else:
             assert res.exit_code == 0 and f"mode {name}" in res.output, res.output
-            assert ("draft (would build)" in res.output) == mode.draft_engine
+            assert ("draft (would build)" in res.output) == mode.needs_draft  # a draft model or a head
         assert not mode.speculates() or _overridden(mode, "drafter"), f"{name} has no torch drafter"
     else:
         res = runner.invoke(cli, ["build", "walk.yaml", "--emit-script", "build.sh"])

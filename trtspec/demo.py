@@ -36,6 +36,10 @@ SPECULATIVE = {
         "speculation": {"mode": "draft-target", "num_draft_tokens": 2},
     },
     "mtp": {"mtp": {"num_nextn_predict_layers": 2}, "speculation": {"mode": "mtp", "num_draft_tokens": 2}},
+    "eagle3": {
+        "draft": {"checkpoint": "embedded:tiny-eagle3", "dtype": "float32"},
+        "speculation": {"mode": "eagle3", "num_draft_tokens": 2},
+    },
     "ngram": {"speculation": {"mode": "ngram", "num_draft_tokens": 2}},
 }
 DEFAULT_METHODS = ("draft-target", "mtp")

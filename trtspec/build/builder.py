@@ -128,6 +128,15 @@ def _roles(cfg: DeploymentConfig) -> list[tuple[str, ModelSection]]:
     return roles
 
 
+def torch_roles(cfg: DeploymentConfig) -> list[tuple[str, ModelSection]]:
+    """The torch engine carries every checkpoint the runner loads: a draft model, or a head (EAGLE-3's),
+    which a compiled build folds into the target or leaves to the LLM API to read from its own folder."""
+    roles = [("target", cfg.target)]
+    if get_mode(cfg.mode).needs_draft and cfg.draft is not None:
+        roles.append(("draft", cfg.draft))
+    return roles
+
+
 def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) -> list[Step]:
     from trtspec.build.torch_engine import write_torch_engine
     from trtspec.speculative.factory import resolve_device, resolve_dtype
@@ -135,13 +144,13 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
     if why := get_mode(cfg.mode).torch_deploy_refusal(cfg):
         raise UsageError(why)
     device = resolve_device(cfg.build.device)
+    spec = get_mode(cfg.mode)
     steps = []
-    for role, section in _roles(cfg):
+    for role, section in torch_roles(cfg):
         ref, path = _checkpoint(cfg, section)
         if path is None:
             raise UsageError(f"{role}.checkpoint {ref} is a hub id; the torch backend needs a local checkpoint")
         dtype = resolve_dtype(section.dtype, device)
-        spec = get_mode(cfg.mode)
         speculating = role == "target" and spec.speculates()
         build = {
             **_limits(cfg),
@@ -153,9 +162,14 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
         inputs = {"backend": "torch", "role": role, "checkpoint": fingerprints[role]["digest"], "dtype": str(dtype)}
         inputs["build"] = build
 
-        def run(staging: Path, log: Path, path=path, dtype=dtype, role=role, build=build) -> list[CommandRecord]:
+        head = role == "draft" and spec.draft_head  # a head loads only beside its target: loaded, not run
+
+        def run(
+            staging: Path, log: Path, path=path, dtype=dtype, role=role, build=build, head=head
+        ) -> list[CommandRecord]:
             t0 = time.perf_counter()
-            write_torch_engine(path, staging, dtype, role, build)
+            load = (lambda out: spec.load_draft(out, dtype, "cpu", build["max_seq_len"])) if head else None
+            write_torch_engine(path, staging, dtype, role, build, load)
             seconds = time.perf_counter() - t0
             log.write_text(f"cast {path} to {dtype} and loaded it: {seconds:.2f}s\n", encoding="utf-8")
             argv = ["trtspec:torch-engine", str(path), str(dtype)]

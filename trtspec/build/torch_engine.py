@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ def write_torch_engine(
     dtype: torch.dtype,
     role: str,
     build: dict[str, Any],
+    load_head: Callable[[Path], Any] | None = None,
 ) -> dict[str, Any]:
-    """Cast `checkpoint` into `out`, write engine.json, then load it and run one token to prove it starts."""
+    """Cast `checkpoint` into `out`, write engine.json, then load it and run one token to prove it starts
+    (a head, which runs only on its target's states, is loaded by `load_head` instead)."""
     hf = read_hf_config(checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     source = read_weights(checkpoint)
@@ -58,7 +61,10 @@ def write_torch_engine(
         "build_config": build,
     }
     (out / ENGINE_JSON).write_text(json.dumps(engine, indent=2), encoding="utf-8")
-    warm_up(out, dtype, build["max_seq_len"])
+    if load_head is not None:
+        load_head(out)
+    else:
+        warm_up(out, dtype, build["max_seq_len"])
     return engine
 
 

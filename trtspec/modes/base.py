@@ -158,6 +158,10 @@ class SpecMode:
 
         return load_transformer(path, dtype=dtype, device=device, max_len=max_len)
 
+    def runner_settings(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The mode's section fields (as its drafter reads them) from a served model.yaml's speculative_config."""
+        return {f: spec[f] for f in self.served_settings if f in spec}
+
     def served_draft_len(self, spec: dict[str, Any]) -> int:
         """K as a served model.yaml's speculative_config gives it."""
         return int(spec.get("max_draft_len") or 0)

@@ -95,7 +95,8 @@ class Eagle3(SpecMode):
             None,
             None,
             TORCH_RUNNER_FAMILIES,
-            note="trtspec runner only (generate, plan, bench): the head's chains and trees on the captured layers",
+            note="trtspec runner and served models (llmapi flavour): the head's chains and trees on the captured"
+            " layers",
         ),
     )
     needs_draft: ClassVar[bool] = True
@@ -106,7 +107,6 @@ class Eagle3(SpecMode):
     decoding_types: ClassVar[tuple[str, ...]] = ("Eagle", "Eagle3")
     default_k: ClassVar[int | None] = 3
     runner_trees: ClassVar[bool] = True  # EAGLE-2's dynamic tree from the head (TensorRT-LLM: use_dynamic_tree)
-    torch_deploys: ClassVar[bool] = False  # the torch engine and its served models carry no head yet
 
     def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:
         from trtspec.speculative.eagle import load_eagle3
@@ -144,12 +144,17 @@ class Eagle3(SpecMode):
         s, version = self.settings(cfg), cfg.build.tensorrt_llm_version
         if at_least(version, "1.2"):
             spec: dict[str, Any] = {"decoding_type": "Eagle3", "max_draft_len": k, "speculative_model": draft_dir}
-            if s.layers_to_capture is not None:
-                spec["eagle3_layers_to_capture"] = list(s.layers_to_capture)
         else:
             spec = {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model_dir": draft_dir}
+        # validate() allows the field before 1.2 only on backend torch, whose served runner reads it
+        if s.layers_to_capture is not None:
+            spec["eagle3_layers_to_capture"] = list(s.layers_to_capture)
         spec["eagle3_one_model"] = s.one_model
         return spec
+
+    def runner_settings(self, spec: dict[str, Any]) -> dict[str, Any]:
+        layers = spec.get("eagle3_layers_to_capture")
+        return {} if layers is None else {"layers_to_capture": list(layers)}
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report

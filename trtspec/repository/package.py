@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from trtspec.build.builder import engine_dir_for, refuse_unapplied_quantization, resolve_num_draft_tokens
+from trtspec.build.builder import engine_dir_for, refuse_unapplied_quantization, resolve_num_draft_tokens, torch_roles
 from trtspec.build.manifest import Manifest
 from trtspec.build.recipes import llm_api_options
 from trtspec.build.shared_gpu import shared_gpu_plan
@@ -72,7 +72,7 @@ def _sampling(cfg: DeploymentConfig) -> dict:
 
 
 def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
-    draft = str(engines / "draft") if get_mode(cfg.mode).draft_engine else None
+    draft = str(engines / "draft") if "draft" in dict(torch_roles(cfg)) else None
     options = llm_api_options(cfg, k, draft)
     options.update(model=str(engines / "target"), backend="torch")  # NVIDIA's model would say pytorch
     if "speculative_config" in options:

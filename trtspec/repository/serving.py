@@ -28,7 +28,6 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
     """The runner the LLM API options describe, and the sampling defaults for requests that say nothing."""
     spec = options.get("speculative_config") or {}
     mode = decoding_mode(options)
-    served = get_mode(mode).served_settings
     k = get_mode(mode).served_draft_len(spec)
     draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
     local = options.get("trtspec", {})
@@ -41,7 +40,7 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
         device=device,
         dtype=resolve_dtype(local.get("dtype", "auto"), device),
         max_len=int(options.get("max_seq_len", 2048)),
-        settings={f: spec[f] for f in served if f in spec},
+        settings=get_mode(mode).runner_settings(spec),
         tree=TreeShape.parse(local["tree"]) if local.get("tree") else None,
     )
     defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 64, "seed": None}
