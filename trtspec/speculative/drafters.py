@@ -187,23 +187,17 @@ class DraftModelDrafter(Drafter):
     proposes_trees = True
 
     def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
-        """EAGLE-2's dynamic tree: expand the kept nodes of a level by their top candidates, keep the
-        `width` with the highest cumulative draft log-probability. One draft pass per level, as a chain."""
-        from trtspec.speculative.tree import ancestors, tree_attention
+        """EAGLE-2's dynamic tree (`grow_tree`), one draft pass per level over its kept nodes, as a chain."""
+        from trtspec.speculative.tree import tree_attention
 
         n = state.lengths[slots.index]
-        b, w = len(n), shape.width
-        score, first = self._catch_up(state, slots).log_softmax(-1).topk(w, -1)  # the root's children
-        tokens, scores = [first], [score]
-        parents = [torch.full((b, w), -1, dtype=torch.long, device=n.device)]
-        for level in range(1, shape.depth):
-            so_far = torch.cat(parents, 1)
-            frontier = torch.arange(so_far.shape[1] - w, so_far.shape[1], device=n.device)
-            rope = (n - 1 + level)[:, None].expand(b, w)
-            attention = tree_attention(n, n, ancestors(so_far)[:, frontier], rope)
-            out = self.model(tokens[-1], n[:, None] + frontier, self.cache, slots=slots, tree=attention)
-            _prune(scores, tokens, parents, out.logits.log_softmax(-1), w)
-        return _tree(tokens, parents, shape)
+
+        def expand(level: int, last: torch.Tensor, frontier: torch.Tensor, seen: torch.Tensor, _) -> torch.Tensor:
+            attention = tree_attention(n, n, seen, (n - 1 + level)[:, None].expand_as(last))
+            out = self.model(last, n[:, None] + frontier, self.cache, slots=slots, tree=attention)
+            return out.logits.log_softmax(-1)
+
+        return grow_tree(self._catch_up(state, slots).log_softmax(-1), shape, expand)
 
     def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
         # the tree's slots hold branches, not the sequence: keep the committed part, re-feed the rest
@@ -377,6 +371,30 @@ class MTPDrafter(Drafter):
             self.valid[depth, slots.index] = (old_lengths - 1 - depth).clamp_min(0)
 
 
+# expand(level, the frontier's tokens [B, W], their node indices [W], the nodes each sees (its ancestors and
+# itself) [B, W, nodes so far], their parents [B, W]) -> the frontier's children's log-probabilities [B, W, V]
+Expand = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def grow_tree(root_logp: torch.Tensor, shape: TreeShape, expand: Expand, depth: int | None = None) -> TokenTree:
+    """EAGLE-2's dynamic tree: the root's top `width` tokens, then per level each kept node's top `width`
+    children, of which the `width` with the highest cumulative draft log-probability are kept. The drafters
+    differ only in `expand`, what scores a level's children. `depth` levels are grown (fewer than the shape's
+    where the drafter cannot guess that far; the rest is padding)."""
+    from trtspec.speculative.tree import ancestors
+
+    b, w = root_logp.shape[0], shape.width
+    score, first = root_logp.topk(w, -1)
+    tokens, scores = [first], [score]
+    parents = [torch.full((b, w), -1, dtype=torch.long, device=root_logp.device)]
+    for level in range(1, shape.depth if depth is None else depth):
+        so_far = torch.cat(parents, 1)
+        frontier = torch.arange(so_far.shape[1] - w, so_far.shape[1], device=root_logp.device)
+        logp = expand(level, tokens[-1], frontier, ancestors(so_far)[:, frontier], parents[-1])
+        _prune(scores, tokens, parents, logp, w)
+    return _tree(tokens, parents, shape)
+
+
 def _prune(scores: list[torch.Tensor], tokens: list[torch.Tensor], parents: list[torch.Tensor], logp, width: int):
     """Append the next level: each kept node of the last level times its top children, best `width` kept."""
     b = logp.shape[0]
@@ -422,14 +440,10 @@ class MedusaDrafter(Drafter):
         return Proposal(tokens, None, torch.full((b,), used, device=logp.device))
 
     def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
+        """Head `level` scores every node of that level alike: its guess does not depend on the branch."""
         logp = self._logp(state, slots)
-        b, w, depth = logp.shape[0], shape.width, min(shape.depth, logp.shape[1])
-        score, first = logp[:, 0].topk(w, -1)
-        tokens, scores = [first], [score]
-        parents = [torch.full((b, w), -1, dtype=torch.long, device=logp.device)]
-        for level in range(1, depth):
-            _prune(scores, tokens, parents, logp[:, level, None, :].expand(b, w, -1), w)
-        return _tree(tokens, parents, shape)
+        depth = min(shape.depth, logp.shape[1])
+        return grow_tree(logp[:, 0], shape, lambda level, last, *_: logp[:, level, None].expand(*last.shape, -1), depth)
 
 
 def _tree(tokens: list[torch.Tensor], parents: list[torch.Tensor], shape: TreeShape) -> TokenTree:

@@ -28,7 +28,7 @@ from torch import nn
 from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
 from trtspec.modes.eagle3 import recorded_layers, trtllm_default_capture
-from trtspec.speculative.drafters import BatchState, MTPDrafter, _prune, _tree
+from trtspec.speculative.drafters import BatchState, MTPDrafter, grow_tree
 from trtspec.speculative.model import (
     Block,
     ForwardOut,
@@ -42,7 +42,7 @@ from trtspec.speculative.model import (
     dims_from_hf_config,
     read_weights,
 )
-from trtspec.speculative.tree import TokenTree, TreeShape, ancestors, tree_attention
+from trtspec.speculative.tree import TokenTree, TreeShape, tree_attention
 
 ARCHITECTURE = "LlamaForCausalLM"  # every TensorRT-LLM version maps it to the EAGLE-3 class given draft_vocab_size
 WEIGHTS = "model.safetensors"
@@ -304,23 +304,25 @@ class EagleDrafter(MTPDrafter):
         the committed prefix and its ancestors), the `width` children with the best cumulative log-probability
         kept. One head pass per level, as a chain of the tree's depth costs."""
         n = state.lengths[slots.index]
-        b, w = len(n), shape.width
         logits, hidden = self._catch_up(state, 0, state.tokens[slots.index], slots)  # at n-2: drafts position n
-        score, first = logits.log_softmax(-1).topk(w, -1)
-        tokens, scores = [first], [score]
-        parents = [torch.full((b, w), -1, dtype=torch.long, device=n.device)]
-        reads = hidden[:, None].expand(b, w, -1)  # what each node of the last level is run on: its parent's output
-        for level in range(1, shape.depth):
-            so_far = torch.cat(parents, 1)
-            frontier = torch.arange(so_far.shape[1] - w, so_far.shape[1], device=n.device)
+        last_out: list[torch.Tensor] = []  # the head's outputs for the previous level's nodes
+
+        def expand(level: int, last: torch.Tensor, frontier: torch.Tensor, seen: torch.Tensor, parents) -> torch.Tensor:
+            # each node is run on its parent's output (the root's children on the catch-up pass's)
+            if last_out:
+                previous = last_out.pop()
+                reads = previous.gather(1, (parents - (frontier[0] - last.shape[1]))[..., None].expand_as(previous))
+            else:
+                reads = hidden[:, None].expand(*last.shape, -1)
             # the head's cache holds positions up to n-2; node i sits at slot n-1+i, at the position before its
             # token's (n-2+level for a node of depth `level`), as the chain's later drafts do
-            rope = (n - 2 + level)[:, None].expand(b, w)
-            attention = tree_attention(n - 1, n - 1, ancestors(so_far)[:, frontier], rope)
-            out = self._layer(0, reads, tokens[-1], (n - 1)[:, None] + frontier, self.cache, slots, tree=attention)
-            _prune(scores, tokens, parents, out.logits.log_softmax(-1), w)
-            reads = out.hidden.gather(1, (parents[-1] - frontier[0])[..., None].expand(-1, -1, out.hidden.shape[-1]))
-        return _tree(tokens, parents, shape)
+            rope = (n - 2 + level)[:, None].expand_as(last)
+            attention = tree_attention(n - 1, n - 1, seen, rope)
+            out = self._layer(0, reads, last, (n - 1)[:, None] + frontier, self.cache, slots, tree=attention)
+            last_out.append(out.hidden)
+            return out.logits.log_softmax(-1)
+
+        return grow_tree(logits.log_softmax(-1), shape, expand)
 
     def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
         # the slots from n-1 on held the tree's branches: positions before them are exact, as after a chain
