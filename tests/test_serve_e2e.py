@@ -36,6 +36,7 @@ PROMPT = "ROMEO:\nBut soft, what light"
 REPOS = {
     "llmapi-draft-target": ("tiny-draft-target.yaml", {}),
     "llmapi-mtp": ("tiny-mtp.yaml", {}),
+    "llmapi-eagle3": ("tiny-eagle3.yaml", {}),  # the head in the build's draft folder, named by model.yaml
     "llmapi-baseline": ("tiny-baseline.yaml", {}),
     "engine-draft-target": ("tiny-draft-target.yaml", {"flavour": "engine", "streaming": False}),
     "engine-mtp": ("tiny-mtp.yaml", {"flavour": "engine"}),
