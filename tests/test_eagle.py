@@ -274,7 +274,7 @@ def _deployment(paths, root, version: str = "1.2.1", **speculation) -> Deploymen
     data = {
         "name": "e3",
         "target": {"checkpoint": str(paths[0]), "dtype": "float32"},
-        "draft": {"checkpoint": str(paths[1]), "dtype": "float32"},
+        "draft": {"checkpoint": str(paths[1]), "dtype": "bfloat16"},
         "eagle3": {"layers_to_capture": [4, 2, 1]},
         "speculation": {"mode": "eagle3", "num_draft_tokens": 2, "policy": "fixed", **speculation},
         "build": {"backend": "torch", "device": "cpu", "max_batch_size": 2, "max_seq_len": 64, "max_input_len": 32},
@@ -300,7 +300,8 @@ def test_an_eagle3_deployment_builds_packages_and_serves_the_head_beside_its_tar
         assert run_build(cfg).built == ["target", "draft"]
         engines = tmp_path / str(tree) / "engines" / "e3"
         assert json.loads((engines / "draft" / "engine.json").read_text())["role"] == "draft"
-        assert load_eagle3(engines / "draft").fc.weight.dtype == torch.float32
+        weights = load_file(str(engines / "draft" / WEIGHTS))  # cast as the draft section says, the map kept
+        assert weights["fc.weight"].dtype == torch.bfloat16 and not weights["d2t"].is_floating_point()
         repo = package_repository(cfg)
         options = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
         spec = options["speculative_config"]
@@ -320,6 +321,38 @@ def test_an_eagle3_deployment_builds_packages_and_serves_the_head_beside_its_tar
     options["speculative_config"]["eagle3_layers_to_capture"] = [0, 2, 4]
     with pytest.raises(UsageError, match=r"layers_to_capture \[0, 2, 4\]: the EAGLE-3 head was trained on"):
         engine_from_model_yaml(options)
+
+
+def test_the_head_is_rebuilt_when_it_or_its_target_changes_and_only_then(paths, tmp_path):
+    import shutil
+
+    from trtspec.build.builder import run_build
+
+    pair = (tmp_path / "t", tmp_path / "h")
+    shutil.copytree(paths[0], pair[0])
+    shutil.copytree(paths[1], pair[1])
+    cfg = _deployment(pair, tmp_path)
+    assert run_build(cfg).built == ["target", "draft"]
+    assert run_build(cfg).built == []
+    config = json.loads((pair[1] / "config.json").read_text())
+    (pair[1] / "config.json").write_text(json.dumps({**config, "note": "retrained"}))
+    assert run_build(cfg).built == ["draft"]
+    (pair[0] / "generation_config.json").write_text("{}")
+    assert run_build(cfg).built == ["target", "draft"]
+
+
+def test_a_head_for_other_layers_or_another_target_fails_the_build_in_one_line(paths, tmp_path):
+    """The build holds the head to its target as `trtspec check` does, not the server's first load."""
+    from trtspec.build.builder import run_build
+
+    cfg = _deployment(paths, tmp_path).model_dump(mode="json")
+    cfg["eagle3"]["layers_to_capture"] = [0, 2, 4]  # the head was trained on (1, 2, 4)
+    with pytest.raises(UsageError, match=r"trained on target layers \[1, 2, 4\]") as err:
+        run_build(validate_config(cfg, tmp_path / "e3.yaml"))
+    assert "\n" not in str(err.value) and not (tmp_path / "engines" / "e3" / "draft").exists()
+    wide = make_checkpoint(tmp_path / "wide", vocab=50, hidden=48, layers=6, heads=4, kv_heads=2, seed=1)
+    with pytest.raises(UsageError, match="hidden states of width 32"):
+        run_build(_deployment((wide, paths[1]), tmp_path / "w"))
 
 
 def test_a_head_that_does_not_load_fails_the_build_in_one_line_and_builds_nothing(paths, tmp_path):
@@ -342,6 +375,10 @@ def test_the_engine_flavour_refuses_eagle3_which_compiled_engines_lack(paths, tm
     data["serve"].update(flavour="engine", streaming=False)
     with pytest.raises(ConfigError, match=r"serve\.flavour: the engine flavour stands in for compiled engines"):
         validate_config(data, tmp_path / "e3.yaml")
+    one = _deployment(paths, tmp_path).model_dump(mode="json")
+    one["eagle3"]["one_model"] = True  # an engine layout the runner would silently ignore
+    with pytest.raises(ConfigError, match=r"eagle3\.one_model: TensorRT-LLM's engine layout"):
+        validate_config(one, tmp_path / "e3.yaml")
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Repositories of the embedded pair on a real tritonserver (the nvidia-pytriton wheel's).
 
-Both flavours for draft-target, MTP and baseline: each is built and packaged with the CLI, served by
+Both flavours for draft-target, MTP and baseline, and the llmapi flavour for EAGLE-3 (the head built beside the
+target): each is built and packaged with the CLI, served by
 `trtspec serve --detach`, queried over HTTP generate, HTTP generate_stream (SSE) and gRPC streaming,
 and stopped with `trtspec serve --stop`. The servers stay up together until the module ends, so the
 speculative and baseline repositories are also checked side by side.

@@ -163,11 +163,15 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
         inputs["build"] = build
 
         head = role == "draft" and spec.draft_head  # a head loads only beside its target: loaded, not run
+        if head:  # trained for one target: a new target is a new fit to check
+            inputs["target"] = fingerprints["target"]["digest"]
 
         def run(
             staging: Path, log: Path, path=path, dtype=dtype, role=role, build=build, head=head
         ) -> list[CommandRecord]:
             t0 = time.perf_counter()
+            if head:
+                refuse_unfit_head(cfg, path)
             load = (lambda out: spec.load_draft(out, dtype, "cpu", build["max_seq_len"])) if head else None
             write_torch_engine(path, staging, dtype, role, build, load)
             seconds = time.perf_counter() - t0
@@ -177,6 +181,18 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
 
         steps.append(Step(role, role, inputs, [], f"cast {ref} to {dtype}, write engine.json, warm-up load", run))
     return steps
+
+
+def refuse_unfit_head(cfg: DeploymentConfig, head: Path) -> None:
+    """A head reads the target's states: the mode's own check (widths, vocabulary, captured layers) in one
+    line, so a head for another target fails the build rather than the server's first load."""
+    from trtspec.check import Report
+
+    target = cfg.checkpoint_path(cfg.target)
+    report = Report()
+    get_mode(cfg.mode).check(cfg, read_checkpoint(target) if target else None, read_checkpoint(head), report)
+    if errors := [f for f in report.findings if f.severity == "error"]:
+        raise UsageError(f"{head}: {errors[0].message} ({errors[0].fix})")
 
 
 def _hf_dtype(path: Path | None) -> str | None:

@@ -39,8 +39,10 @@ def write_torch_engine(
     load_head: Callable[[Path], Any] | None = None,
 ) -> dict[str, Any]:
     """Cast `checkpoint` into `out`, write engine.json, then load it and run one token to prove it starts
-    (a head, which runs only on its target's states, is loaded by `load_head` instead)."""
+    (a head, which runs only on its target's states, is loaded by `load_head` instead, before and after)."""
     hf = read_hf_config(checkpoint)
+    if load_head is not None:
+        load_head(checkpoint)  # a head's config is its loader's to judge, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     source = read_weights(checkpoint)
     weights = {n: (t.to(dtype) if t.is_floating_point() else t).contiguous() for n, t in source.items()}
@@ -55,7 +57,7 @@ def write_torch_engine(
         "pretrained_config": {
             "architecture": (hf.get("architectures") or ["?"])[0],
             "dtype": str(dtype).removeprefix("torch."),
-            "vocab_size": hf["vocab_size"],
+            "vocab_size": hf.get("vocab_size"),
             "num_nextn_predict_layers": int(hf.get("num_nextn_predict_layers") or 0),
         },
         "build_config": build,

@@ -134,6 +134,14 @@ class Eagle3(SpecMode):
         s, version = self.settings(cfg), cfg.build.tensorrt_llm_version
         if s.layers_to_capture is not None and cfg.build.backend != "torch" and not at_least(version, "1.2"):
             return [("eagle3.layers_to_capture", f"eagle3_layers_to_capture needs TensorRT-LLM 1.2+, got {version}")]
+        if s.one_model and cfg.build.backend == "torch":
+            return [
+                (
+                    "eagle3.one_model",
+                    "TensorRT-LLM's engine layout; trtspec's torch runner runs the head beside the"
+                    " target either way: remove it",
+                )
+            ]
         return []
 
     def extra_options(self, cfg: DeploymentConfig) -> dict[str, Any]:
