@@ -131,10 +131,8 @@ def _roles(cfg: DeploymentConfig) -> list[tuple[str, ModelSection]]:
 def torch_roles(cfg: DeploymentConfig) -> list[tuple[str, ModelSection]]:
     """The torch engine carries every checkpoint the runner loads: a draft model, or a head (EAGLE-3's),
     which a compiled build folds into the target or leaves to the LLM API to read from its own folder."""
-    roles = [("target", cfg.target)]
-    if get_mode(cfg.mode).needs_draft and cfg.draft is not None:
-        roles.append(("draft", cfg.draft))
-    return roles
+    heads = _heads(cfg)
+    return _roles(cfg) + ([("draft", heads)] if heads is not None else [])
 
 
 def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) -> list[Step]:

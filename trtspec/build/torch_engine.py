@@ -39,10 +39,8 @@ def write_torch_engine(
     load_head: Callable[[Path], Any] | None = None,
 ) -> dict[str, Any]:
     """Cast `checkpoint` into `out`, write engine.json, then load it and run one token to prove it starts
-    (a head, which runs only on its target's states, is loaded by `load_head` instead, before and after)."""
+    (a head, which runs only on its target's states, is loaded by `load_head` instead)."""
     hf = read_hf_config(checkpoint)
-    if load_head is not None:
-        load_head(checkpoint)  # a head's config is its loader's to judge, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     source = read_weights(checkpoint)
     weights = {n: (t.to(dtype) if t.is_floating_point() else t).contiguous() for n, t in source.items()}
