@@ -12,6 +12,7 @@ import yaml
 from trtspec import __version__
 from trtspec.cli import cli
 from trtspec.config import load_config
+from trtspec.modes import get_mode
 
 
 def test_version(runner):
@@ -149,8 +150,8 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
 
     ran = []
     monkeypatch.setattr(demo, "run_demo", lambda out, console, *args: ran.append(args) or 0)
-    result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d"), "--methods", "lookahead"])
-    assert result.exit_code == 2 and "lookahead" in result.output and "not built or served" in result.output
+    result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d"), "--methods", "self-draft"])
+    assert result.exit_code == 2 and "self-draft" in result.output and "not built or served" in result.output
     assert "Traceback" not in result.output and not ran
     for mode in REGISTRY.values():  # every mode the engine lacks is refused in a line, none crashes the option
         if mode.name not in demo.SPECULATIVE:
@@ -175,3 +176,13 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     assert len({c.serve.grpc_port for c in cfgs.values()}) == 3
     every = demo.write_configs(tmp_path / "all", tuple(demo.SPECULATIVE))  # each setup is a valid deployment
     assert {load_config(path).mode for path in every.values()} == {"none", *demo.SPECULATIVE}
+    # a method the engine flavour serves (lookahead) is benched against plain decoding served the same way
+    loaded = {name: load_config(path) for name, path in every.items()}
+    assert {n: c.serve.flavour for n, c in loaded.items() if c.mode == "none"} == {
+        "baseline": "llmapi", "baseline-engine": "engine"
+    }  # fmt: skip
+    for name, cfg in loaded.items():
+        assert cfg.serve.flavour == get_mode(cfg.mode).torch_flavour or cfg.mode == "none", name
+        baseline = loaded[demo.baseline_for(demo.demo_modes(tuple(demo.SPECULATIVE))[name])]
+        assert baseline.mode == "none" and baseline.serve.flavour == cfg.serve.flavour
+    assert demo.bench_model({"serve": {"flavour": "engine"}}) == "ensemble" and demo.bench_model({}) == "tensorrt_llm"

@@ -3,6 +3,8 @@ greedy output identical to plain decoding (its lossless sampling is in test_loss
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tiny_models import make_checkpoint
@@ -119,3 +121,77 @@ def test_plan_compares_it_at_each_window_and_refuses_to_plan_its_k(target_path, 
     res = runner.invoke(cli, ["plan", str(out)])
     assert res.exit_code == 2 and "lookahead's follow from its own settings" in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+def _deployment(target_path, root, flavour: str = "engine", wng=(4, 3, 2)):
+    from trtspec.config import validate_config
+
+    data = {
+        "name": "la",
+        "target": {"checkpoint": str(target_path), "dtype": "float32"},
+        "lookahead": dict(zip(("window_size", "ngram_size", "verification_set_size"), wng, strict=True)),
+        "speculation": {"mode": "lookahead", "policy": "fixed"},
+        "build": {"backend": "torch", "device": "cpu", "max_batch_size": 2, "max_seq_len": 256, "max_input_len": 32},
+        "serve": {"flavour": flavour, "repository": str(root / "repo")},
+    }
+    data["build"]["output_dir"] = str(root / "engines")
+    return validate_config(data, root / "la.yaml")
+
+
+def _parameters(config_pbtxt) -> dict[str, str]:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse(config_pbtxt.read_text(), model_config_pb2.ModelConfig())
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def test_a_lookahead_deployment_builds_packages_and_serves_on_the_engine_flavour(target_path, tmp_path):
+    """Backend torch builds lookahead as TensorRT-LLM does (the engine records max_draft_len f(W, N, G)) and the
+    engine flavour's tensorrt_llm model carries NVIDIA's lookahead_* parameters; the engine trtspec's stand-in
+    makes of them drafts with that (W, N, G), decodes greedily as plain decoding, and `trtspec check` holds the
+    engine to the configured settings."""
+    from trtspec.build.builder import run_build
+    from trtspec.check import run_check
+    from trtspec.modes.lookahead import TRITON_FIELDS
+    from trtspec.repository.package import package_repository
+    from trtspec.repository.serving import engine_from_parameters
+    from trtspec.speculative.batch import Sequence
+
+    cfg = _deployment(target_path, tmp_path)
+    assert run_build(cfg).built == ["target"]
+    build = json.loads((tmp_path / "engines" / "la" / "target" / "engine.json").read_text())["build_config"]
+    assert build["max_draft_len"] == 11 and build["speculative_decoding_mode"] == "lookahead_decoding"
+    repo = package_repository(cfg)
+    p = _parameters(repo / "tensorrt_llm" / "config.pbtxt")
+    assert p["decoding_mode"] == "lookahead" and p["trtspec_mode"] == "lookahead"
+    assert (p["lookahead_window_size"], p["lookahead_ngram_size"], p["lookahead_verification_set_size"]) == (
+        "4", "3", "2"
+    )  # fmt: skip
+    assert [f.code for f in run_check(cfg).findings if f.severity == "error"] == []  # engine.json read, not config.json
+
+    params = GenerationParams(max_tokens=40)
+    plain = [g.tokens for g in SpeculativeRunner(load_transformer(target_path)).generate(PROMPTS, params)]
+    for wng in ((4, 3, 2), (3, 2, 1)):  # the stand-in's (W, N, G) are the parameters', not a default
+        given = {key: str(v) for key, v in zip(TRITON_FIELDS, wng, strict=True)}  # W, N, G's parameter names
+        engine = engine_from_parameters({**p, **given}, slots=2)
+        assert isinstance(engine.drafter, LookaheadDrafter) and engine.tree == LookaheadDrafter(*wng).fixed_tree
+        served = [Sequence(prompt, params) for prompt in PROMPTS]  # three requests in the engine's two slots
+        for seq in served:
+            engine.add(seq)
+        while engine.has_work():
+            engine.step()
+        assert [s.result.tokens for s in served] == plain
+        assert sum(s.result.stats.accepted_tokens for s in served) > 0
+    # a server whose (W, N, G) would need another max_draft_len than the engine's is found before it starts
+    other = _deployment(target_path, tmp_path, wng=(3, 2, 1))
+    errors = [f for f in run_check(other).findings if f.severity == "error"]
+    assert [f.code for f in errors] == ["lookahead-draft-len"] and "max_draft_len 11" in errors[0].message
+
+
+def test_the_llmapi_flavour_refuses_lookahead_which_the_llm_api_lacks(target_path, tmp_path):
+    from trtspec.build.builder import run_build
+
+    with pytest.raises(UsageError, match=r"no LLM API config.*set serve\.flavour engine"):
+        run_build(_deployment(target_path, tmp_path, flavour="llmapi"))
+    assert not (tmp_path / "engines" / "la" / "target").exists()

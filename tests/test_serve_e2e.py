@@ -1,7 +1,8 @@
 """Repositories of the embedded pair on a real tritonserver (the nvidia-pytriton wheel's).
 
-Both flavours for draft-target, MTP and baseline, and the llmapi flavour for EAGLE-3 (the head built beside the
-target): each is built and packaged with the CLI, served by
+Both flavours for draft-target, MTP and baseline, the llmapi flavour for EAGLE-3 (the head built beside the
+target) and the engine flavour for lookahead (which TensorRT-LLM serves from compiled engines only): each is
+built and packaged with the CLI, served by
 `trtspec serve --detach`, queried over HTTP generate, HTTP generate_stream (SSE) and gRPC streaming,
 and stopped with `trtspec serve --stop`. The servers stay up together until the module ends, so the
 speculative and baseline repositories are also checked side by side.
@@ -25,6 +26,8 @@ import yaml
 from conftest import CONFIGS
 
 from trtspec.bench.server_metrics import SpecCounters, scrape, total
+from trtspec.config import load_config
+from trtspec.modes import get_mode
 from trtspec.repository import spec_metrics
 from trtspec.serve.locate import find_tritonserver
 from trtspec.serve.server import free_ports
@@ -42,6 +45,7 @@ REPOS = {
     "engine-draft-target": ("tiny-draft-target.yaml", {"flavour": "engine", "streaming": False}),
     "engine-mtp": ("tiny-mtp.yaml", {"flavour": "engine"}),
     "engine-baseline": ("tiny-baseline.yaml", {"flavour": "engine"}),
+    "engine-lookahead": ("tiny-lookahead.yaml", {}),  # (W, N, G) from the tensorrt_llm model's lookahead_* parameters
     # the BLS calls tensorrt_llm without decoupled=True, so it needs a non-streaming repository
     "engine-mtp-unary": ("tiny-mtp.yaml", {"flavour": "engine", "streaming": False}),
 }
@@ -111,7 +115,7 @@ def servers(tmp_path_factory):
         res = trtspec("serve", str(config), *ports, "--detach", cwd=tmp)
         assert res.returncode == 0, res.stdout + res.stderr
         mode = data["speculation"]["mode"]
-        k = int(data["speculation"].get("num_draft_tokens", 0)) if mode != "none" else 0
+        k = get_mode(mode).drafts_per_step(load_config(config))  # K, or what lookahead's (W, N, G) fix
         started[key] = Served(
             key, config, f"localhost:{http}", f"localhost:{grpc}", data["serve"]["flavour"], mode, k,
             decoupled=data["serve"]["streaming"], metrics=f"http://localhost:{metrics}/metrics",
@@ -211,7 +215,7 @@ def test_sse_and_grpc_streams_concatenate_to_the_same_text(servers, key):
     assert "".join(pieces) == in_process_text(served)
 
 
-@pytest.mark.parametrize("key", ["llmapi-draft-target", "engine-mtp", "engine-draft-target"])
+@pytest.mark.parametrize("key", ["llmapi-draft-target", "engine-mtp", "engine-draft-target", "engine-lookahead"])
 def test_eight_concurrent_streams_complete(servers, key):
     served = servers(key)
     prompts = [f"{PROMPT} {i}" for i in range(8)]

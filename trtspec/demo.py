@@ -1,12 +1,14 @@
 """`trtspec demo`: the whole product on the embedded pair, on this machine, in a few minutes.
 
 It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour; `--methods` picks
-among the modes a torch engine serves at a K of their own, n-gram too), each
+among the modes a torch engine serves, n-gram, EAGLE-3 and lookahead too), each
 speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch), serves
-each on its own real tritonserver, and benches each against the baseline over gRPC streaming on the
-same prompts and schedule at concurrency 1 to 16, with the lossless check on the fixed-K servers
-(whose K the check's power is computed for); then prints the tables, the throughput curve with where
-speculation stops paying, and where the reports are.
+each on its own real tritonserver, and benches each against a baseline of its own flavour over gRPC
+streaming on the same prompts and schedule at concurrency 1 to 16, with the lossless check on the fixed-K
+servers (whose K the check's power is computed for); then prints the tables, the throughput curve with where
+speculation stops paying, and where the reports are. Lookahead is served by the engine flavour (TensorRT-LLM
+serves it from compiled engines only), so it is benched through the ensemble against an engine-flavour
+baseline.
 """
 
 from __future__ import annotations
@@ -41,19 +43,44 @@ SPECULATIVE = {
         "speculation": {"mode": "eagle3", "num_draft_tokens": 2},
     },
     "ngram": {"speculation": {"mode": "ngram", "num_draft_tokens": 2}},
+    # (3, 2, 1): the README's measured lookahead row; the engine flavour, as TensorRT-LLM serves lookahead
+    "lookahead": {
+        "lookahead": {"window_size": 3, "ngram_size": 2, "verification_set_size": 1},
+        "speculation": {"mode": "lookahead"},
+        "serve": {"flavour": "engine"},
+    },
 }
 DEFAULT_METHODS = ("draft-target", "mtp")
 POLICIES = ("fixed", "adaptive")
 LEVELS = (1, 2, 4, 8, 16)
 
 
+def flavour(setup: dict) -> str:
+    return setup.get("serve", {}).get("flavour", COMMON["serve"]["flavour"])
+
+
+def baseline_for(setup: dict) -> str:
+    """The baseline server a setup is benched against: plain decoding served by the same flavour."""
+    return "baseline" if flavour(setup) == COMMON["serve"]["flavour"] else f"baseline-{flavour(setup)}"
+
+
 def demo_modes(methods: tuple[str, ...] = DEFAULT_METHODS) -> dict[str, dict]:
-    """The servers the demo runs: the baseline, then each method with a fixed K and with the adaptive policy."""
-    return {"baseline": {"speculation": {"mode": "none"}}} | {
+    """The servers the demo runs: a baseline per flavour the methods need, then each method with a fixed K and
+    with the adaptive policy."""
+    baselines = {"baseline": {"speculation": {"mode": "none"}}}
+    for mode in methods:
+        if (name := baseline_for(SPECULATIVE[mode])) not in baselines:
+            baselines[name] = {"speculation": {"mode": "none"}, "serve": {"flavour": flavour(SPECULATIVE[mode])}}
+    return baselines | {
         f"{mode}-{policy}": {**SPECULATIVE[mode], "speculation": {**SPECULATIVE[mode]["speculation"], "policy": policy}}
         for mode in methods
         for policy in POLICIES
     }
+
+
+def bench_model(setup: dict) -> str:
+    """The Triton model the bench sends text to: the llmapi model, or the engine flavour's ensemble."""
+    return "tensorrt_llm" if flavour(setup) == "llmapi" else "ensemble"
 
 
 def write_configs(workdir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> dict[str, Path]:
@@ -66,7 +93,8 @@ def write_configs(workdir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> 
         data = {"name": f"demo-{name}", **COMMON, **extra}
         data["build"] = {**COMMON["build"], "output_dir": str(workdir / "engines")}
         ports = {f"{k}_port": ports_left.pop() for k in ("http", "grpc", "metrics")}
-        data["serve"] = {**COMMON["serve"], "repository": str(workdir / "model_repository"), **ports}
+        data["serve"] = {**COMMON["serve"], **extra.get("serve", {}), "repository": str(workdir / "model_repository")}
+        data["serve"].update(ports)
         path = workdir / "configs" / f"demo-{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -93,6 +121,7 @@ def run_demo(
     from trtspec.serve.server import Ports, start_server, stop_all, wait_ready
 
     workdir.mkdir(parents=True, exist_ok=True)
+    setups = demo_modes(methods)
     configs = {name: load_config(path) for name, path in write_configs(workdir, methods).items()}
     for name, cfg in configs.items():
         run_build(cfg)
@@ -111,43 +140,53 @@ def run_demo(
         failed = False
         curves: dict[str, BenchSummary] = {}
         for name in configs:
-            if name == "baseline":
+            if name.startswith("baseline"):
                 continue
             fixed = name.endswith("-fixed")
-            out = workdir / "results" / f"{name}-vs-baseline"
-            pair = {"A": servers[name], "B": servers["baseline"]}
+            baseline = baseline_for(setups[name])
+            out = workdir / "results" / f"{name}-vs-{baseline}"
+            pair = {"A": servers[name], "B": servers[baseline]}
+            model = bench_model(setups[name])
+            fixed_length = model == "tensorrt_llm"
+            # the engine flavour takes min_tokens, which trtspec's torch engine refuses beside speculation: both
+            # sides then run to the end token or max_tokens, the same length at temperature 0
             opts = BenchOptions(
-                targets={label: f"triton-grpc://localhost:{s.ports.grpc}/tensorrt_llm" for label, s in pair.items()},
+                targets={label: f"triton-grpc://localhost:{s.ports.grpc}/{model}" for label, s in pair.items()},
                 metrics_urls={label: f"http://localhost:{s.ports.metrics}/metrics" for label, s in pair.items()},
                 levels=[Load(concurrency=c) for c in LEVELS], prompts=prompts, out_dir=out,
-                num_requests=requests, warmup=2, max_tokens=48, fixed_length=True, tokenizer=tokenizer,
+                num_requests=requests, warmup=2, max_tokens=48, fixed_length=fixed_length, tokenizer=tokenizer,
                 lossless=fixed, lossless_samples=lossless_samples, lossless_tokens=LOSSLESS["tokens"],
                 lossless_prompts=LOSSLESS["prompts"], lossless_temperature=LOSSLESS["temperature"],
                 lossless_reference=workdir / "configs" / f"demo-{name}.yaml",
             )  # fmt: skip
-            console.print(f"\n[bold]{name} (A) against the baseline (B)[/bold]")
+            console.print(f"\n[bold]{name} (A) against the {baseline} (B)[/bold]")
             summary = run_bench(opts, lambda _name, _record: None)
             print_summary(summary, console, out)
             curves[name] = summary
             # an underpowered check is reported as inconclusive; only a FAIL or a broken run fails the demo
             failed = failed or (summary.lossless or {}).get("verdict") == "FAIL" or not summary.complete
-        print_curve(curves, console, workdir / "results" / "curve.json")
+        baselines = {name: baseline_for(setups[name]) for name in curves}
+        print_curve(curves, console, workdir / "results" / "curve.json", baselines)
         return 1 if failed else 0
     finally:
         stop_all(servers.values())
 
 
-def print_curve(curves: dict[str, BenchSummary], console: Console, path: Path) -> None:
-    """Output tokens/s per concurrency for the baseline and every speculative server, and where each stops paying."""
+def print_curve(
+    curves: dict[str, BenchSummary], console: Console, path: Path, baselines: dict[str, str] | None = None
+) -> None:
+    """Output tokens/s per concurrency for each baseline and every speculative server (against the baseline
+    `baselines` names for it, else "baseline"), and where each stops paying."""
     from rich.table import Table
 
     from trtspec.bench.crossover import measured_crossover
     from trtspec.fsutil import atomic_write_text
 
+    against = {name: (baselines or {}).get(name, "baseline") for name in curves}
+    columns = list(dict.fromkeys(against.values())) + list(curves)
     table = Table(title="Output tokens/s by concurrency (x the baseline measured beside it)")
     table.add_column("concurrency", no_wrap=True)
-    table.add_column("baseline", no_wrap=True)
-    for name in curves:
+    for name in columns:
         table.add_column(name, no_wrap=True)
     rows: dict[int, dict[str, float | None]] = {}
     for name, summary in curves.items():
@@ -156,9 +195,9 @@ def print_curve(curves: dict[str, BenchSummary], console: Console, path: Path) -
             row = rows.setdefault(level.load.concurrency, {})
             row[name] = level.targets["A"].output_token_throughput
             row[f"{name}:ratio"] = ratios.get(level.level)
-            row.setdefault("baseline", level.targets["B"].output_token_throughput)
+            row.setdefault(against[name], level.targets["B"].output_token_throughput)
     for c, row in sorted(rows.items()):
-        cells = [_tps(row.get("baseline"))]
+        cells = [_tps(row.get(n)) for n in columns[: len(columns) - len(curves)]]
         cells += [f"{_tps(row.get(n))} ({_ratio(row.get(f'{n}:ratio'))})" for n in curves]
         table.add_row(str(c), *cells)
     console.print(table)

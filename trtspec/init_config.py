@@ -73,7 +73,7 @@ def build_config_dict(
     if spec.needs_draft:
         data["draft"] = {"checkpoint": draft, "dtype": "auto"}
     data.update(spec.init_sections(target, hf, draft_hf))
-    flavour = "engine" if backend == "tensorrt" else "llmapi"
+    flavour = {"tensorrt": "engine", "torch": spec.torch_flavour}.get(backend, "llmapi")
     data["speculation"] = {
         "mode": mode,
         **({"num_draft_tokens": spec.default_k} if spec.default_k is not None else {}),

@@ -68,6 +68,7 @@ class SpecMode:
     torch_deploys: ClassVar[bool] = (
         True  # `trtspec build` makes a torch engine of it (else runner only: generate, plan, bench)
     )
+    torch_flavour: ClassVar[str] = "llmapi"  # the flavour that serves it on backend torch (`trtspec init` writes it)
     runner_trees: ClassVar[bool] = False  # the torch runner's drafter also proposes token trees (speculation.tree)
 
     def settings(self, cfg: DeploymentConfig) -> Any:
@@ -185,6 +186,10 @@ class SpecMode:
 
     def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
         """Parameters of the tensorrt_llm model's config.pbtxt the mode sets (NVIDIA's template keys)."""
+        return {}
+
+    def triton_settings(self, parameters: dict[str, str]) -> dict[str, Any]:
+        """The section's fields back from those parameters, as trtspec's tensorrt_llm stand-in runs them."""
         return {}
 
     def k_policy(self) -> KPolicy | None:

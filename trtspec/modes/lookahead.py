@@ -10,13 +10,15 @@ decoding_mode `lookahead` (triton_backend all_models, ref triton-model-repositor
 `SpeculativeDecodingMode.LOOKAHEAD_DECODING` (tensorrt_llm/models/modeling_utils.py). The engine path ends
 with 1.2.x; `LookaheadDecodingConfig` is not a pytorch-backend config.
 
-trtspec's torch runner runs it too (trtspec.speculative.lookahead) for generate, plan and the benchmark; it is
-not built or served on backend torch.
+trtspec's torch runner runs it too (trtspec.speculative.lookahead) for generate, plan and the benchmark. On
+backend torch it is built and served by the engine flavour only, as TensorRT-LLM serves it from compiled engines:
+the torch engine records max_draft_len f(W, N, G), and trtspec's tensorrt_llm stand-in reads the same
+lookahead_* parameters NVIDIA's backend does. The llmapi flavour stands in for the LLM API, which has no
+lookahead config, so it is refused there.
 """
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import Field
@@ -43,6 +45,14 @@ class LookaheadSection(Section):
     verification_set_size: Annotated[Int, Field(ge=0, le=64)] = Field(
         default=7, description="G: candidate n-grams verified per step"
     )
+
+
+# the tensorrt_llm model's config.pbtxt parameter for each of the section's fields (NVIDIA's template keys)
+TRITON_FIELDS = {
+    "lookahead_window_size": "window_size",
+    "lookahead_ngram_size": "ngram_size",
+    "lookahead_verification_set_size": "verification_set_size",
+}
 
 
 def lookahead_draft_len(window: int, ngram: int, verification: int) -> int:
@@ -73,7 +83,7 @@ class Lookahead(SpecMode):
             None,
             None,
             TORCH_RUNNER_FAMILIES,
-            note="trtspec runner only (generate, plan, bench): one window level per pass, older levels on the host",
+            note="runner (generate, plan, bench), served by the engine flavour: one window level per pass",
         ),
     )
     in_target: ClassVar[bool] = True
@@ -81,14 +91,16 @@ class Lookahead(SpecMode):
     section: ClassVar[str | None] = "lookahead"
     settings_model: ClassVar[type[Section] | None] = LookaheadSection
     engine_mode: ClassVar[str | None] = "lookahead_decoding"
+    torch_engine_mode: ClassVar[str | None] = "lookahead_decoding"
+    torch_flavour: ClassVar[str] = "engine"
     default_k: ClassVar[int | None] = None
-    torch_deploys: ClassVar[bool] = False  # served torch models read TensorRT-LLM's speculative_config: none here
 
     def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
-        versions = ", ".join(self.row("tensorrt").versions or ())
+        if cfg.serve.flavour == "engine":
+            return None
         return (
-            "mode lookahead runs in trtspec's torch runner (generate, plan, bench) and is not built or served on "
-            f"backend torch: deploy it on backend tensorrt (TensorRT-LLM {versions})"
+            "mode lookahead has no LLM API config (LookaheadDecodingConfig is for compiled engines), so the llmapi "
+            "flavour cannot serve it: set serve.flavour engine, which serves it as TensorRT-LLM's engines do"
         )
 
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
@@ -131,12 +143,10 @@ class Lookahead(SpecMode):
 
     def triton_parameters(self, cfg: DeploymentConfig) -> dict[str, str]:
         s = self.settings(cfg)
-        return {
-            "decoding_mode": "lookahead",
-            "lookahead_window_size": str(s.window_size),
-            "lookahead_ngram_size": str(s.ngram_size),
-            "lookahead_verification_set_size": str(s.verification_set_size),
-        }
+        return {"decoding_mode": "lookahead"} | {key: str(getattr(s, f)) for key, f in TRITON_FIELDS.items()}
+
+    def triton_settings(self, parameters: dict[str, str]) -> dict[str, Any]:
+        return {f: int(parameters[key]) for key, f in TRITON_FIELDS.items() if key in parameters}
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
@@ -144,20 +154,23 @@ class Lookahead(SpecMode):
         """The server's (W, N, G) must reproduce the engine's max_draft_len: an engine built for other
         settings is found here, not when the server refuses to start."""
         from trtspec.build.builder import engine_dir_for
+        from trtspec.build.torch_engine import read_engine_config
+        from trtspec.errors import UsageError
 
-        built = engine_dir_for(cfg) / "target" / "config.json"
-        if not built.is_file():
+        engine = engine_dir_for(cfg) / "target"
+        if not (engine / "config.json").is_file():
             return
-        try:
-            longest = json.loads(built.read_text(encoding="utf-8")).get("build_config", {}).get("max_draft_len")
-        except (OSError, ValueError):
+        try:  # a compiled engine's config.json, or a torch engine's engine.json
+            built = read_engine_config(engine)
+        except UsageError:
             return
+        longest = built.get("build_config", {}).get("max_draft_len")
         s = self.settings(cfg)
         if longest != self.draft_len(cfg):
             report.add(
                 "error",
                 "lookahead-draft-len",
-                f"{built}: the engine has max_draft_len {longest}; lookahead ({s.window_size}, {s.ngram_size}, "
+                f"{engine}: the engine has max_draft_len {longest}; lookahead ({s.window_size}, {s.ngram_size}, "
                 f"{s.verification_set_size}) needs {self.draft_len(cfg)}",
                 "rebuild the engine (trtspec build) or set lookahead back to the settings it was built with",
             )

@@ -152,7 +152,8 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
     }
     spec = get_mode(cfg.mode)
     drafts_itself = spec.in_target and spec.torch_engine_mode is not None  # the target engine drafts by itself
-    target = {**common, "trtspec_mode": cfg.mode if drafts_itself else "none"}
+    # the mode's own settings under NVIDIA's parameter names (lookahead's W, N, G), which the stand-in reads back
+    target = {**common, "trtspec_mode": cfg.mode if drafts_itself else "none", **spec.triton_parameters(cfg)}
     if drafts_itself:
         target["trtspec_num_draft_tokens"] = str(manifest.num_draft_tokens or 1)
         target["trtspec_policy"] = cfg.speculation.resolved_policy(cfg.build.backend)

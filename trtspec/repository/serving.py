@@ -1,4 +1,5 @@
-"""From a repository's model.yaml to a runner: what trtspec's python models load inside Triton."""
+"""From a repository's model.yaml or config.pbtxt parameters to a runner: what trtspec's python models load
+inside Triton."""
 
 from __future__ import annotations
 
@@ -71,3 +72,30 @@ def engine_from_model_yaml(
     )
     policy.prepare(engine)
     return engine, defaults
+
+
+def engine_from_parameters(p: dict[str, str], slots: int) -> BatchEngine:
+    """The engine trtspec's tensorrt_llm stand-in runs from its config.pbtxt parameters: the torch engine at
+    gpt_model_path, a mode that drafts inside the target (trtspec_mode) with its settings under NVIDIA's
+    parameter names (lookahead_*), max_batch_size slots, and enable_kv_cache_reuse."""
+    from trtspec.speculative.model import load_transformer
+    from trtspec.speculative.policy import policy_for
+
+    engine_dir = Path(p["gpt_model_path"])
+    device = resolve_device(p.get("trtspec_device", "auto"))
+    max_len = int(p.get("trtspec_max_seq_len", "2048"))
+    spec = get_mode(p.get("trtspec_mode", "none"))
+    k = int(p.get("trtspec_num_draft_tokens", "1")) if spec.speculates() else 0
+    model = load_transformer(engine_dir, resolve_dtype(p.get("trtspec_dtype", "auto"), device), device, max_len)
+    runner = load_runner(
+        engine_dir, spec.name, num_draft_tokens=max(k, 1), target=model, max_len=max_len,
+        settings=spec.triton_settings(p),
+    )  # fmt: skip
+    concurrency = p.get("trtspec_max_concurrency")
+    policy = spec.k_policy() or policy_for(
+        p.get("trtspec_policy", "fixed"), runner.num_draft_tokens, int(concurrency) if concurrency else None
+    )
+    engine = runner.engine(slots=slots, capacity=max_len, policy=policy)
+    engine.reuse = p.get("enable_kv_cache_reuse", "False").lower() == "true"
+    policy.prepare(engine)
+    return engine

@@ -146,8 +146,9 @@ def perf_tensors(
 class TensorRTLLMModel(BatchedPythonModel):
     """`tensorrt_llm` (target) and `tensorrt_llm_draft`: one engine directory, TensorRT-LLM's tensors.
 
-    Every request joins the instance's running batch (`engine_loop`): plain decoding, MTP, and the
-    BLS's verification calls (draft_input_ids) alike. With enable_kv_cache_reuse a request whose
+    Every request joins the instance's running batch (`engine_loop`): plain decoding, a drafter inside the
+    target (MTP, lookahead; `serving.engine_from_parameters`), and the BLS's verification calls
+    (draft_input_ids) alike. With enable_kv_cache_reuse a request whose
     tokens start with what a finished request left in a slot skips that prefix, so the BLS loop,
     which resends the whole sequence each call, costs a call per step, not a prefill.
     """
@@ -156,38 +157,23 @@ class TensorRTLLMModel(BatchedPythonModel):
         import triton_python_backend_utils as pb_utils
 
         from trtspec.build.torch_engine import read_engine_config
+        from trtspec.modes import get_mode
         from trtspec.repository.engine_loop import EngineLoop
-        from trtspec.speculative.factory import load_runner, resolve_device, resolve_dtype
-        from trtspec.speculative.model import load_transformer
-        from trtspec.speculative.policy import policy_for
+        from trtspec.repository.serving import engine_from_parameters
+        from trtspec.speculative.factory import resolve_device
 
         config = json.loads(args["model_config"])
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         p = parameters(args)
         engine_dir = Path(p["gpt_model_path"])
-        device = resolve_device(p.get("trtspec_device", "auto"))
-        max_len = int(p.get("trtspec_max_seq_len", "2048"))
-        from trtspec.modes import get_mode
-
-        mode = p.get("trtspec_mode", "none")  # a mode whose drafter lives in the target speculates here
-        spec = get_mode(mode)
-        k = int(p.get("trtspec_num_draft_tokens", "1")) if spec.speculates() else 0
+        spec = get_mode(p.get("trtspec_mode", "none"))  # a mode whose drafter lives in the target speculates here
 
         def build():  # on the engine thread: see engine_loop
-            if device == "cpu" and p.get("trtspec_cpu_threads"):
+            if p.get("trtspec_cpu_threads") and resolve_device(p.get("trtspec_device", "auto")) == "cpu":
                 import torch
 
                 torch.set_num_threads(int(p["trtspec_cpu_threads"]))
-            dtype = resolve_dtype(p.get("trtspec_dtype", "auto"), device)
-            model = load_transformer(engine_dir, dtype, device, max_len)
-            runner = load_runner(engine_dir, mode, num_draft_tokens=max(k, 1), target=model, max_len=max_len)
-            policy = spec.k_policy() or policy_for(
-                p.get("trtspec_policy", "fixed"), runner.num_draft_tokens, _int(p.get("trtspec_max_concurrency"))
-            )
-            engine = runner.engine(slots=int(config.get("max_batch_size") or 8), capacity=max_len, policy=policy)
-            engine.reuse = p.get("enable_kv_cache_reuse", "False").lower() == "true"
-            policy.prepare(engine)
-            return engine
+            return engine_from_parameters(p, slots=int(config.get("max_batch_size") or 8))
 
         self.loop = EngineLoop(build, log_error=pb_utils.Logger.log_error)
         self.engine = self.loop.engine
@@ -198,7 +184,7 @@ class TensorRTLLMModel(BatchedPythonModel):
         self.declared = [tensor["name"] for tensor in config.get("input", [])]
         self.max_draft_len = int(read_engine_config(engine_dir).get("build_config", {}).get("max_draft_len") or 0)
         self.speculates = spec.speculates()
-        self.metrics = SpecMetrics(args["model_name"], args["model_version"], mode, self.engine.num_draft_tokens)
+        self.metrics = SpecMetrics(args["model_name"], args["model_version"], spec.name, self.engine.num_draft_tokens)
         self.metrics.start(len(self.engine.rows) * self.engine.capacity)
         self.loop.on_step = self.metrics.batch
 
