@@ -195,3 +195,23 @@ def test_the_llmapi_flavour_refuses_lookahead_which_the_llm_api_lacks(target_pat
     with pytest.raises(UsageError, match=r"no LLM API config.*set serve\.flavour engine"):
         run_build(_deployment(target_path, tmp_path, flavour="llmapi"))
     assert not (tmp_path / "engines" / "la" / "target").exists()
+
+
+def test_the_lossless_check_runs_against_it_and_says_why_its_power_is_not_stated(tmp_path):
+    """The served check's planted bugs are rules for chains; lookahead verifies its own tree, so the reference
+    plants nothing there, says so, and still picks its contexts. A chain at a fixed K keeps its planted bugs."""
+    import yaml
+    from conftest import CONFIGS
+
+    from trtspec.bench.lossless_reference import load_reference
+    from trtspec.speculative.planted import PLANTED
+
+    for name in ("tiny-lookahead.yaml", "tiny-ngram.yaml"):  # at a fixed K, as the demo checks its servers
+        data = yaml.safe_load((CONFIGS / name).read_text())
+        data["speculation"]["policy"] = "fixed"
+        (tmp_path / name).write_text(yaml.safe_dump(data))
+    reference = load_reference(tmp_path / "tiny-lookahead.yaml")
+    assert reference.planted == {} and "token tree 3x2" in reference.unstated_power
+    assert len(reference.choose(["The history of", "Once upon a time"], 1, 4, 1.0)) == 1
+    reference = load_reference(tmp_path / "tiny-ngram.yaml")
+    assert set(reference.planted) == set(PLANTED) and reference.unstated_power is None

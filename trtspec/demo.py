@@ -67,10 +67,10 @@ def baseline_for(setup: dict) -> str:
 def demo_modes(methods: tuple[str, ...] = DEFAULT_METHODS) -> dict[str, dict]:
     """The servers the demo runs: a baseline per flavour the methods need, then each method with a fixed K and
     with the adaptive policy."""
-    baselines = {"baseline": {"speculation": {"mode": "none"}}}
-    for mode in methods:
-        if (name := baseline_for(SPECULATIVE[mode])) not in baselines:
-            baselines[name] = {"speculation": {"mode": "none"}, "serve": {"flavour": flavour(SPECULATIVE[mode])}}
+    baselines = {
+        baseline_for(setup): {"speculation": {"mode": "none"}, "serve": {"flavour": flavour(setup)}}
+        for setup in (SPECULATIVE[mode] for mode in methods)
+    }
     return baselines | {
         f"{mode}-{policy}": {**SPECULATIVE[mode], "speculation": {**SPECULATIVE[mode]["speculation"], "policy": policy}}
         for mode in methods

@@ -45,6 +45,21 @@ class Reference:
     adaptive: bool = False  # the server picks K per running batch, so no fixed-K planted run is its sampler
 
     @property
+    def unstated_power(self) -> str | None:
+        """Why no planted run stands for the served sampler (None: they do, and the check states its power)."""
+        if self.adaptive:
+            return (
+                "the server picks K per running batch (adaptive policy), so no fixed-K run in-process is its sampler:"
+                " power against the planted bugs is not stated; serve with speculation.policy fixed to measure it"
+            )
+        if not self.planted:
+            return (
+                f"the server verifies the token tree {self.speculative.tree} its mode's settings give, and the planted"
+                " bugs are rules for chains: power against them is not stated"
+            )
+        return None
+
+    @property
     def stops(self) -> frozenset[int]:
         eos = self.tokenizer.eos_token_id
         return frozenset({eos}) if eos is not None else frozenset()
@@ -90,8 +105,8 @@ class Reference:
         the bugs themselves on samples the check's own power estimate never reuses (other seeds)."""
         scored = sorted(((self.score(c, length, temperature), c) for c in self.contexts(prompts)), reverse=True)
         shortlist = [c for _, c in scored[: max(count, SHORTLIST)]]
-        if len(shortlist) <= count:
-            return shortlist
+        if len(shortlist) <= count or not self.planted:
+            return shortlist[:count]
         tried = sorted(((self.trial(c, length, temperature), c) for c in shortlist), reverse=True)
         return [c for _, c in tried[:count]]
 
@@ -137,7 +152,9 @@ def load_reference(config: Path) -> Reference:
 
         raise UsageError(f"{config}: speculation.mode is none; the lossless reference is the speculative config")
     plain = runner_for(cfg, mode="none", target=speculative.target)
-    planted = {bug: runner_for(cfg, target=speculative.target, planted=bug) for bug in PLANTED}
+    planted = {}  # a drafter that drafts only its own tree (lookahead, Medusa's choices) has no chain to plant in
+    if speculative.drafter.fixed_tree is None:
+        planted = {bug: runner_for(cfg, target=speculative.target, planted=bug) for bug in PLANTED}
     tokenizer = AutoTokenizer.from_pretrained(str(cfg.checkpoint_path(cfg.target)))
     s = cfg.speculation.sampling
     exact = cfg.build.backend == "torch" and cfg.target.quantization == "none"

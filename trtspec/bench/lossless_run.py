@@ -80,7 +80,7 @@ def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[Request
     pairs = [(greedy["A"].get(i), greedy["B"].get(i)) for i in range(len(opts.prompts))]
     tests = [conditional_homogeneity(sampled["A"][j], sampled["B"][j]) for j in range(len(contexts))]
     planted = None
-    if reference and not reference.adaptive:  # at the sample size the served side actually delivered
+    if reference and reference.unstated_power is None:  # at the sample size the served side actually delivered
         base = baseline or [sampled["B"][j] for j in range(len(contexts))]
         served = min((len(sampled["A"][j]) for j in range(len(contexts))), default=0)
         if served >= MIN_SAMPLES:
@@ -91,9 +91,6 @@ def run_lossless(opts: BenchOptions, progress: Progress, sink: Callable[[Request
     result["contexts"] = contexts
     result["reference"] = str(opts.lossless_reference) if opts.lossless_reference else None
     result["baseline"] = "target in-process" if baseline is not None else "served baseline"
-    if reference and reference.adaptive:
-        result["note"] = (
-            "the server picks K per running batch (adaptive policy), so no fixed-K run in-process is its sampler:"
-            " power against the planted bugs is not stated; serve with speculation.policy fixed to measure it"
-        )
+    if reference and reference.unstated_power:
+        result["note"] = reference.unstated_power
     return result
