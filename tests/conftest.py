@@ -26,3 +26,12 @@ def require_tool(name: str, install: str) -> str:
             pytest.fail(f"{name} is not installed ({install})")
         pytest.skip(f"{name} is not installed ({install})")
     return found
+
+
+def pbtxt_parameters(config_pbtxt: Path) -> dict[str, str]:
+    """A config.pbtxt's parameters, parsed by Triton's own protobuf."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse(config_pbtxt.read_text(), model_config_pb2.ModelConfig())
+    return {key: value.string_value for key, value in config.parameters.items()}

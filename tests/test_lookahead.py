@@ -138,19 +138,13 @@ def _deployment(target_path, root, flavour: str = "engine", wng=(4, 3, 2)):
     return validate_config(data, root / "la.yaml")
 
 
-def _parameters(config_pbtxt) -> dict[str, str]:
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    config = text_format.Parse(config_pbtxt.read_text(), model_config_pb2.ModelConfig())
-    return {key: value.string_value for key, value in config.parameters.items()}
-
-
 def test_a_lookahead_deployment_builds_packages_and_serves_on_the_engine_flavour(target_path, tmp_path):
     """Backend torch builds lookahead as TensorRT-LLM does (the engine records max_draft_len f(W, N, G)) and the
     engine flavour's tensorrt_llm model carries NVIDIA's lookahead_* parameters; the engine trtspec's stand-in
     makes of them drafts with that (W, N, G), decodes greedily as plain decoding, and `trtspec check` holds the
     engine to the configured settings."""
+    from conftest import pbtxt_parameters
+
     from trtspec.build.builder import run_build
     from trtspec.check import run_check
     from trtspec.modes.lookahead import TRITON_FIELDS
@@ -163,7 +157,7 @@ def test_a_lookahead_deployment_builds_packages_and_serves_on_the_engine_flavour
     build = json.loads((tmp_path / "engines" / "la" / "target" / "engine.json").read_text())["build_config"]
     assert build["max_draft_len"] == 11 and build["speculative_decoding_mode"] == "lookahead_decoding"
     repo = package_repository(cfg)
-    p = _parameters(repo / "tensorrt_llm" / "config.pbtxt")
+    p = pbtxt_parameters(repo / "tensorrt_llm" / "config.pbtxt")
     assert p["decoding_mode"] == "lookahead" and p["trtspec_mode"] == "lookahead"
     assert (p["lookahead_window_size"], p["lookahead_ngram_size"], p["lookahead_verification_set_size"]) == (
         "4", "3", "2"

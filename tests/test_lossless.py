@@ -166,6 +166,7 @@ def test_broken_argmax_draft_with_softmax_q_fails_by_a_wide_margin(models):
 
 
 TREE = TreeShape(3, 2)
+MEDUSA_CHOICES = [[0], [1], [0, 0], [1, 0], [0, 0, 0]]  # a static tree, as TensorRT-LLM's medusa_choices
 
 
 def medusa_heads(target) -> MedusaHeads:
@@ -174,9 +175,10 @@ def medusa_heads(target) -> MedusaHeads:
 
 
 @pytest.mark.parametrize("params", [T1, WARPED], ids=["t1", "topk-topp"])
-@pytest.mark.parametrize("mode", ["draft-target", "ngram", "medusa", "self-draft", "eagle3"])
+@pytest.mark.parametrize("mode", ["draft-target", "ngram", "medusa", "medusa-choices", "self-draft", "eagle3"])
 def test_tree_samples_follow_the_target_exactly(models, eagle_head, mode, params):
-    """Multi-candidate verification of a token tree (SpecInfer's rule with deterministic candidates)."""
+    """Multi-candidate verification of a token tree (SpecInfer's rule with deterministic candidates); Medusa's
+    choices are the static tree TensorRT-LLM's engines verify."""
     target, draft = models
     drafter = {
         "draft-target": lambda: DraftModelDrafter(draft),
@@ -184,8 +186,9 @@ def test_tree_samples_follow_the_target_exactly(models, eagle_head, mode, params
         "self-draft": lambda: DraftModelDrafter(self_draft_model(target, [0])),
         "ngram": NgramDrafter,
         "medusa": lambda: MedusaDrafter(medusa_heads(target)),
+        "medusa-choices": lambda: MedusaDrafter(medusa_heads(target), MEDUSA_CHOICES),
     }[mode]()
-    samples, acceptance = run(target, drafter, params, tree=TREE)
+    samples, acceptance = run(target, drafter, params, tree=drafter.fixed_tree or TREE)
     stat, p = chi_square(samples, exact_joint(target, params))
     assert 0.02 < acceptance < 0.98, "both accepts and rejects must occur for the test to mean anything"
     assert p > ALPHA, f"{mode} tree: chi2 {stat:.1f}, p {p:.2e}"
@@ -217,10 +220,13 @@ def typical_acceptance(tree, logits, sampling, depth=None, threshold: float = 0.
     return TreeVerified(tokens, accepted, path)
 
 
-def test_typical_acceptance_on_a_tree_fails_by_a_wide_margin(models, monkeypatch):
+@pytest.mark.parametrize("drafter", ["draft-target", "medusa-choices"])
+def test_typical_acceptance_on_a_tree_fails_by_a_wide_margin(models, monkeypatch, drafter):
     target, draft = models
     monkeypatch.setattr(batch, "verify_tree", typical_acceptance)
-    samples, _ = run(target, DraftModelDrafter(draft), T1, n=N_BROKEN, tree=TREE)
+    medusa = drafter == "medusa-choices"
+    made = MedusaDrafter(medusa_heads(target), MEDUSA_CHOICES) if medusa else DraftModelDrafter(draft)
+    samples, _ = run(target, made, T1, n=N_BROKEN, tree=made.fixed_tree or TREE)
     stat, p = chi_square(samples, exact_joint(target, T1))
     assert p < 1e-30, f"chi2 {stat:.1f}, p {p:.2e}: the test cannot tell a broken tree verifier"
 

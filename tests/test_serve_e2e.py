@@ -1,8 +1,8 @@
 """Repositories of the embedded pair on a real tritonserver (the nvidia-pytriton wheel's).
 
 Both flavours for draft-target, MTP and baseline, the llmapi flavour for EAGLE-3 (the head built beside the
-target) and the engine flavour for lookahead (which TensorRT-LLM serves from compiled engines only): each is
-built and packaged with the CLI, served by
+target) and the engine flavour for Medusa and lookahead (which TensorRT-LLM serves from compiled engines only):
+each is built and packaged with the CLI, served by
 `trtspec serve --detach`, queried over HTTP generate, HTTP generate_stream (SSE) and gRPC streaming,
 and stopped with `trtspec serve --stop`. The servers stay up together until the module ends, so the
 speculative and baseline repositories are also checked side by side.
@@ -46,6 +46,7 @@ REPOS = {
     "engine-mtp": ("tiny-mtp.yaml", {"flavour": "engine"}),
     "engine-baseline": ("tiny-baseline.yaml", {"flavour": "engine"}),
     "engine-lookahead": ("tiny-lookahead.yaml", {}),  # (W, N, G) from the tensorrt_llm model's lookahead_* parameters
+    "engine-medusa": ("tiny-medusa.yaml", {}),  # the heads beside the target, the tree from medusa_choices
     # the BLS calls tensorrt_llm without decoupled=True, so it needs a non-streaming repository
     "engine-mtp-unary": ("tiny-mtp.yaml", {"flavour": "engine", "streaming": False}),
 }
@@ -215,7 +216,9 @@ def test_sse_and_grpc_streams_concatenate_to_the_same_text(servers, key):
     assert "".join(pieces) == in_process_text(served)
 
 
-@pytest.mark.parametrize("key", ["llmapi-draft-target", "engine-mtp", "engine-draft-target", "engine-lookahead"])
+@pytest.mark.parametrize(
+    "key", ["llmapi-draft-target", "engine-mtp", "engine-draft-target", "engine-lookahead", "engine-medusa"]
+)
 def test_eight_concurrent_streams_complete(servers, key):
     served = servers(key)
     prompts = [f"{PROMPT} {i}" for i in range(8)]

@@ -223,6 +223,27 @@ def test_medusa_greedy_decoding_is_plain_decoding(pair, plain, medusa, shape):
     assert max(s.drafted for g in together for s in g.stats.step_log) <= 3
 
 
+CHOICES = [[1], [0], [0, 0], [0, 2], [1, 0], [0, 0, 0]]  # unsorted, as a user may write medusa_choices
+
+
+def test_medusa_choices_are_the_static_tree_of_each_heads_ranked_guesses(pair, plain, medusa):
+    """A path [i0, i1, ...] is head 0's i0-th best token, then head 1's i1-th best under it: parents first, the
+    node count exactly the paths', and greedy decoding over that tree is plain decoding."""
+    drafter = MedusaDrafter(medusa, CHOICES)
+    assert drafter.fixed_tree == TreeShape(3, 3) and drafter.tree_nodes(drafter.fixed_tree) == len(CHOICES)
+    logp = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(5)).log_softmax(-1)
+    tree = drafter._static_tree(logp)
+    ranked = logp.argsort(-1, descending=True)
+    paths = [(0,), (1,), (0, 0), (0, 2), (1, 0), (0, 0, 0)]  # parents before children
+    assert tree.tokens.tolist() == [[int(ranked[b, len(c) - 1, c[-1]]) for c in paths] for b in range(2)]
+    assert tree.parents[0].tolist() == [-1, -1, 0, 0, 1, 2] and tree.depths[0].tolist() == [1, 1, 2, 2, 2, 3]
+    runner = SpeculativeRunner(pair[0], drafter)
+    assert runner.tree == drafter.fixed_tree
+    out = runner.generate(PROMPTS, GREEDY)
+    assert [g.tokens for g in out] == [g.tokens for g in plain]
+    assert max(s.drafted for g in out for s in g.stats.step_log) == 3  # a tree step counts its depth
+
+
 def test_medusa_reads_the_state_of_the_last_verified_position(pair):
     """After tree steps (whose accepted states are moved into place) the heads read, at n - 2, exactly the
     state a fresh forward over the committed tokens gives."""

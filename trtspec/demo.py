@@ -1,14 +1,14 @@
 """`trtspec demo`: the whole product on the embedded pair, on this machine, in a few minutes.
 
 It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour; `--methods` picks
-among the modes a torch engine serves, n-gram, EAGLE-3 and lookahead too), each
+among the modes a torch engine serves, n-gram, EAGLE-3, Medusa and lookahead too), each
 speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch), serves
 each on its own real tritonserver, and benches each against a baseline of its own flavour over gRPC
 streaming on the same prompts and schedule at concurrency 1 to 16, with the lossless check on the fixed-K
 servers (whose K the check's power is computed for); then prints the tables, the throughput curve with where
-speculation stops paying, and where the reports are. Lookahead is served by the engine flavour (TensorRT-LLM
-serves it from compiled engines only), so it is benched through the ensemble against an engine-flavour
-baseline.
+speculation stops paying, and where the reports are. Medusa and lookahead are served by the engine flavour
+(TensorRT-LLM serves them from compiled engines only), so they are benched through the ensemble against an
+engine-flavour baseline.
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ SPECULATIVE = {
         "speculation": {"mode": "eagle3", "num_draft_tokens": 2},
     },
     "ngram": {"speculation": {"mode": "ngram", "num_draft_tokens": 2}},
+    # the trained heads verifying the static tree of medusa.choices, served as TensorRT-LLM serves Medusa
+    "medusa": {
+        "draft": {"checkpoint": "embedded:tiny-medusa", "dtype": "float32"},
+        "medusa": {"num_heads": 2, "choices": [[0], [1], [0, 0], [0, 1], [1, 0]]},
+        "speculation": {"mode": "medusa"},
+        "serve": {"flavour": "engine"},
+    },
     # (3, 2, 1): the README's measured lookahead row; the engine flavour, as TensorRT-LLM serves lookahead
     "lookahead": {
         "lookahead": {"window_size": 3, "ngram_size": 2, "verification_set_size": 1},

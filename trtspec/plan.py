@@ -258,10 +258,15 @@ def run_plan(
     if not get_mode(cfg.mode).speculates():
         raise UsageError("speculation.mode is none: there is nothing to plan")
     runner_mode(cfg.mode)  # acceptance is measured with the torch runner: refuse a mode it lacks first
-    if get_mode(cfg.mode).runner_tree(mode_settings(cfg) or {}) is not None:
+    spec = get_mode(cfg.mode)
+    if (tree := spec.runner_tree(mode_settings(cfg) or {})) is not None:
+        hint = (  # lookahead's defaults fix a tree; Medusa's choices are a setting to leave out
+            f"plan a config of another mode, which compares {cfg.mode} among its methods"
+            if spec.runner_tree({}) is not None
+            else f"plan a copy without the {spec.section} settings that fix it to compare its chains and trees"
+        )
         raise UsageError(
-            f"plan chooses K for a mode's drafts; {cfg.mode}'s follow from its own settings: plan a config of "
-            f"another mode, which compares {cfg.mode} among its methods"
+            f"plan chooses K for a mode's drafts; {cfg.mode}'s follow from its own settings (the tree {tree}): {hint}"
         )
     if methods is not None and cfg.build.backend != "torch":
         raise UsageError(f"--methods compares the torch runner's methods; backend {cfg.build.backend} plans its mode")

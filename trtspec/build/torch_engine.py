@@ -44,7 +44,9 @@ def write_torch_engine(
     out.mkdir(parents=True, exist_ok=True)
     source = read_weights(checkpoint)
     weights = {n: (t.to(dtype) if t.is_floating_point() else t).contiguous() for n, t in source.items()}
-    save_weights(weights, out / "model.safetensors")
+    # one file keeps its name: a head's loader reads its layout by name (Medusa's medusa_lm_head.safetensors)
+    files = sorted(checkpoint.glob("*.safetensors"))
+    save_weights(weights, out / (files[0].name if len(files) == 1 else "model.safetensors"))
     for name in (*COPIED, *COPIED_GLOBS):
         if (checkpoint / name).is_file():
             shutil.copy2(checkpoint / name, out / name)

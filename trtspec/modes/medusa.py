@@ -11,10 +11,19 @@ NVIDIA's CLI examples pass no --max_draft_len: the converted checkpoint carries 
 `decoding_mode` medusa and `medusa_choices` ("{0, 0, 0}, {0, 1}" form; mc_sim_7b_63 by default;
 tensorrtllm_backend docs/model_config.md @ 05ceae03); the LLM API's MedusaDecodingConfig is not a
 pytorch-backend config. The engine path ends with 1.2.x.
+
+trtspec's torch runner runs the heads for generate, plan and the benchmark: their argmax chain, a tree it
+grows (speculation.tree), or the static tree `medusa.choices` gives, as the engine verifies it. On backend
+torch the engine flavour builds and serves that static tree, as TensorRT-LLM serves Medusa from compiled
+engines: the heads are cast into the build's draft folder, the torch engine records `medusa` and the tree's
+nodes as max_draft_len, and trtspec's tensorrt_llm stand-in reads the tree back from `medusa_choices`. The
+llmapi flavour refuses Medusa (the LLM API has no Medusa config), and so does a config without choices
+(trtspec has no copy of the backend's default tree).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
@@ -23,6 +32,7 @@ from pydantic import Field
 from trtspec.config_types import Int, PositiveInt, Section
 from trtspec.families import MEDUSA_FAMILIES, TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
+from trtspec.speculative.requests import MAX_TREE_NODES
 from trtspec.versions import engine_minors
 
 if TYPE_CHECKING:
@@ -33,12 +43,35 @@ if TYPE_CHECKING:
     from trtspec.families import Family
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
+    from trtspec.speculative.tree import TreeShape
 
 MEDUSA_FOLDER = "medusa"  # examples/medusa/convert_checkpoint.py
 DEFAULT_TOKEN_LEN = 63  # convert_checkpoint.py --max_medusa_token_len's default: the tree's nodes
 # the backend's default tree, Medusa's mc_sim_7b_63 (FasterDecoding/Medusa medusa/model/medusa_choices.py): 63
 # nodes, paths up to 4 deep, so it needs 4 heads and room for 63 drafts
 DEFAULT_TREE_DEPTH, DEFAULT_TREE_NODES = 4, 63
+
+
+def choices_text(choices: list[list[int]]) -> str:
+    """medusa_choices as Triton's tensorrt_llm model takes it: "{0}, {0, 0}, {1}"."""
+    return ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in choices)
+
+
+def parse_choices(text: str) -> list[list[int]]:
+    """choices_text's inverse; a malformed value is a ValueError naming it."""
+    paths = re.findall(r"\{([^{}]*)\}", text)
+    if not paths or re.sub(r"\{[^{}]*\}|[\s,]", "", text):
+        raise ValueError(f"medusa_choices must read like {{0}}, {{0, 0}}, {{1}}; got {text!r}")
+    return [[int(i) for i in path.split(",")] for path in paths]
+
+
+def choices_problem(choices: list[list[int]]) -> str | None:
+    """Why a tree of paths is not one Medusa can verify: each path's parent must be a path too, none twice."""
+    seen = {tuple(c) for c in choices}
+    if any(not c for c in choices) or len(seen) < len(choices):
+        return "each path must be non-empty and given once"
+    orphan = next((c for c in choices if len(c) > 1 and tuple(c[:-1]) not in seen), None)
+    return f"the path {orphan} has no parent {orphan[:-1]} among the paths" if orphan else None
 
 
 class MedusaSection(Section):
@@ -71,7 +104,7 @@ class Medusa(SpecMode):
             None,
             None,
             TORCH_RUNNER_FAMILIES,
-            note="trtspec runner only (generate, plan, bench): the heads' argmax chain, or a tree (speculation.tree)",
+            note="runner (generate, plan, bench): the heads' chain or a tree; the engine flavour serves medusa.choices",
         ),
     )
     needs_draft: ClassVar[bool] = True  # the heads checkpoint
@@ -84,12 +117,33 @@ class Medusa(SpecMode):
     build_sets_max_draft_len: ClassVar[bool] = False
     default_k: ClassVar[int | None] = None
     runner_trees: ClassVar[bool] = True
-    torch_deploys: ClassVar[bool] = False  # the torch engine and its served models carry no heads yet
+    torch_engine_mode: ClassVar[str | None] = "medusa"
+    torch_flavour: ClassVar[str] = "engine"
+
+    def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
+        if cfg.serve.flavour != "engine":
+            return (
+                "mode medusa has no LLM API config (MedusaDecodingConfig is for compiled engines), so the llmapi "
+                "flavour cannot serve it: set serve.flavour engine, which serves it as TensorRT-LLM's engines do"
+            )
+        if self.settings(cfg).choices is None:
+            return (
+                "backend torch serves the static tree medusa.choices gives, as TensorRT-LLM's engines verify it: "
+                "set medusa.choices (trtspec has no copy of the backend's default mc_sim_7b_63)"
+            )
+        return None
 
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
-        if cfg.build.backend == "torch":  # the runner drafts one token per head, or speculation.tree's nodes
-            return None
+        choices = self.settings(cfg).choices
+        if cfg.build.backend == "torch":  # one token per head, speculation.tree's nodes, or the static tree's
+            return len(choices) if choices else None
         return self.settings(cfg).max_token_len  # the tree's nodes; speculation.num_draft_tokens does not apply
+
+    def runner_tree(self, settings: dict[str, Any]) -> TreeShape | None:
+        from trtspec.speculative.drafters import MedusaDrafter
+
+        choices = settings.get("choices")
+        return MedusaDrafter.static_shape(choices) if choices else None
 
     def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:
         from trtspec.speculative.heads import load_heads
@@ -106,26 +160,27 @@ class Medusa(SpecMode):
                 f"the Medusa heads read hidden size {cfg['hidden_size']} and write vocabulary {cfg['vocab_size']}; "
                 f"the target has {target.dims.hidden_size} and {target.dims.vocab_size}: heads for another model"
             )
+        choices = settings.get("choices")
+        if choices and (why := choices_problem(choices)):
+            raise UsageError(f"medusa.choices: {why}")
+        if choices and max(map(len, choices)) > draft.num_heads:
+            raise UsageError(
+                f"medusa.choices has a path {max(map(len, choices))} deep; the heads checkpoint has {draft.num_heads}"
+            )
         if draft.needs_target_head:
             draft.tie(target.lm_head.weight)
-        return MedusaDrafter(draft)
+        return MedusaDrafter(draft, choices)
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
         errors = []
-        s = self.settings(cfg)
-        if "num_draft_tokens" in cfg.speculation.model_fields_set and cfg.build.backend != "torch":
+        s, torch = self.settings(cfg), cfg.build.backend == "torch"
+        if "num_draft_tokens" in cfg.speculation.model_fields_set and (s.choices or not torch):
             errors.append(("speculation.num_draft_tokens", "Medusa's drafts are its tree (medusa.choices); remove it"))
         for field, section in (("target", cfg.target), ("draft", cfg.draft)):
             if section is not None and section.quantization != "none":
                 errors.append((f"{field}.quantization", "Medusa's convert takes FP16/BF16 weights only (README)"))
-        deepest, nodes = (max(len(c) for c in s.choices), len(s.choices)) if s.choices else (None, None)
-        if cfg.build.backend == "torch":
-            if deepest is not None:
-                errors.append(
-                    ("medusa.choices", "the engine's tree; the torch runner builds its own (speculation.tree)")
-                )
-        elif deepest is None:  # the backend's default tree
-            if s.num_heads < DEFAULT_TREE_DEPTH or s.max_token_len < DEFAULT_TREE_NODES:
+        if s.choices is None:
+            if not torch and (s.num_heads < DEFAULT_TREE_DEPTH or s.max_token_len < DEFAULT_TREE_NODES):
                 errors.append(
                     (
                         "medusa.choices",
@@ -133,12 +188,19 @@ class Medusa(SpecMode):
                         f"{DEFAULT_TREE_DEPTH} and max_token_len >= {DEFAULT_TREE_NODES}; set choices to fit",
                     )
                 )
-        else:
-            if deepest > s.num_heads:
-                why = f"a path of depth {deepest} needs {deepest} heads, num_heads is {s.num_heads}"
-                errors.append(("medusa.choices", why))
-            if nodes > s.max_token_len:
-                errors.append(("medusa.choices", f"{nodes} nodes, more than max_token_len {s.max_token_len}"))
+            return errors
+        deepest, nodes = max(map(len, s.choices)), len(s.choices)
+        if why := choices_problem(s.choices):
+            errors.append(("medusa.choices", why))
+        if deepest > s.num_heads:
+            why = f"a path of depth {deepest} needs {deepest} heads, num_heads is {s.num_heads}"
+            errors.append(("medusa.choices", why))
+        if nodes > s.max_token_len:
+            errors.append(("medusa.choices", f"{nodes} nodes, more than max_token_len {s.max_token_len}"))
+        if torch and nodes > MAX_TREE_NODES:
+            errors.append(("medusa.choices", f"{nodes} nodes; the torch runner verifies at most {MAX_TREE_NODES}"))
+        if torch and cfg.speculation.tree is not None:
+            errors.append(("speculation.tree", "medusa.choices is the tree; set one or the other"))
         return errors
 
     def convert_command(
@@ -171,8 +233,18 @@ class Medusa(SpecMode):
         choices = self.settings(cfg).choices
         params = {"decoding_mode": "medusa"}
         if choices is not None:  # unset: the backend's mc_sim_7b_63
-            params["medusa_choices"] = ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in choices)
+            params["medusa_choices"] = choices_text(choices)
         return params
+
+    def triton_settings(self, parameters: dict[str, str]) -> dict[str, Any]:
+        from trtspec.errors import UsageError
+
+        if "medusa_choices" not in parameters:
+            return {}
+        try:
+            return {"choices": parse_choices(parameters["medusa_choices"])}
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
     def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
         section = MedusaSection().model_dump()

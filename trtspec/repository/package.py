@@ -154,6 +154,8 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
     drafts_itself = spec.in_target and spec.torch_engine_mode is not None  # the target engine drafts by itself
     # the mode's own settings under NVIDIA's parameter names (lookahead's W, N, G), which the stand-in reads back
     target = {**common, "trtspec_mode": cfg.mode if drafts_itself else "none", **spec.triton_parameters(cfg)}
+    if drafts_itself and spec.draft_head:  # Medusa's heads: TensorRT-LLM folds them into the engine
+        target["trtspec_draft_dir"] = str(engines / "draft")
     if drafts_itself:
         target["trtspec_num_draft_tokens"] = str(manifest.num_draft_tokens or 1)
         target["trtspec_policy"] = cfg.speculation.resolved_policy(cfg.build.backend)

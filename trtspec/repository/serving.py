@@ -77,7 +77,8 @@ def engine_from_model_yaml(
 def engine_from_parameters(p: dict[str, str], slots: int) -> BatchEngine:
     """The engine trtspec's tensorrt_llm stand-in runs from its config.pbtxt parameters: the torch engine at
     gpt_model_path, a mode that drafts inside the target (trtspec_mode) with its settings under NVIDIA's
-    parameter names (lookahead_*), max_batch_size slots, and enable_kv_cache_reuse."""
+    parameter names (lookahead_*, medusa_choices) and its heads (trtspec_draft_dir, which a compiled engine
+    holds inside), max_batch_size slots, and enable_kv_cache_reuse."""
     from trtspec.speculative.model import load_transformer
     from trtspec.speculative.policy import policy_for
 
@@ -86,9 +87,11 @@ def engine_from_parameters(p: dict[str, str], slots: int) -> BatchEngine:
     max_len = int(p.get("trtspec_max_seq_len", "2048"))
     spec = get_mode(p.get("trtspec_mode", "none"))
     k = int(p.get("trtspec_num_draft_tokens", "1")) if spec.speculates() else 0
-    model = load_transformer(engine_dir, resolve_dtype(p.get("trtspec_dtype", "auto"), device), device, max_len)
+    dtype = resolve_dtype(p.get("trtspec_dtype", "auto"), device)
+    heads = p.get("trtspec_draft_dir")
     runner = load_runner(
-        engine_dir, spec.name, num_draft_tokens=max(k, 1), target=model, max_len=max_len,
+        engine_dir, spec.name, Path(heads) if heads else None, num_draft_tokens=max(k, 1), device=device,
+        dtype=dtype, max_len=max_len, target=load_transformer(engine_dir, dtype, device, max_len),
         settings=spec.triton_settings(p),
     )  # fmt: skip
     concurrency = p.get("trtspec_max_concurrency")

@@ -147,7 +147,7 @@ class TensorRTLLMModel(BatchedPythonModel):
     """`tensorrt_llm` (target) and `tensorrt_llm_draft`: one engine directory, TensorRT-LLM's tensors.
 
     Every request joins the instance's running batch (`engine_loop`): plain decoding, a drafter inside the
-    target (MTP, lookahead; `serving.engine_from_parameters`), and the BLS's verification calls
+    target (MTP, Medusa, lookahead; `serving.engine_from_parameters`), and the BLS's verification calls
     (draft_input_ids) alike. With enable_kv_cache_reuse a request whose
     tokens start with what a finished request left in a slot skips that prefix, so the BLS loop,
     which resends the whole sequence each call, costs a call per step, not a prefill.

@@ -412,16 +412,30 @@ class MedusaDrafter(Drafter):
 
     With n tokens committed, the target last verified position n-2 (it produced token n-1), so head j
     drafts token n + j: every draft of a step from one small matmul per head, no model pass. Chains take
-    each head's argmax (one-hot q); trees each head's top candidates, pruned by cumulative score.
+    each head's argmax (one-hot q); trees each head's top candidates, pruned by cumulative score, or the
+    static tree of medusa_choices that TensorRT-LLM's engines verify.
     """
 
     needs_target_hidden = True
     proposes_trees = True
 
-    def __init__(self, heads) -> None:
+    def __init__(self, heads, choices: list[list[int]] | None = None) -> None:
+        """`choices`: a static tree as Medusa and TensorRT-LLM's medusa_choices give it, each path [i0, i1, ...]
+        the node whose token is head 0's i0-th best, then head 1's i1-th best under it, ..."""
         if heads.needs_target_head:
             raise ValueError("the Medusa heads are stored tied to their target's lm_head: tie() them first")
         self.heads = heads
+        self.choices = sorted((tuple(c) for c in choices), key=lambda c: (len(c), c)) if choices else None
+        if self.choices:  # parents first
+            self.fixed_tree = self.static_shape(choices)
+
+    @staticmethod
+    def static_shape(choices: list[list[int]]) -> TreeShape:
+        """The envelope a static tree's levels fit in: its depth, and its widest level."""
+        from trtspec.speculative.requests import TreeShape
+
+        levels = [sum(len(c) == d for c in choices) for d in range(1, max(map(len, choices)) + 1)]
+        return TreeShape(len(levels), max(levels))
 
     def start(self, state: BatchState, capacity: int) -> None:
         pass
@@ -442,8 +456,25 @@ class MedusaDrafter(Drafter):
     def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
         """Head `level` scores every node of that level alike: its guess does not depend on the branch."""
         logp = self._logp(state, slots)
+        if self.choices:
+            return self._static_tree(logp)
         depth = min(shape.depth, logp.shape[1])
         return grow_tree(logp[:, 0], shape, lambda level, last, *_: logp[:, level, None].expand(*last.shape, -1), depth)
+
+    def tree_nodes(self, shape: TreeShape) -> int:
+        return len(self.choices) if self.choices else shape.nodes
+
+    def _static_tree(self, logp: torch.Tensor) -> TokenTree:
+        from trtspec.speculative.tree import TokenTree
+
+        b, device, choices = logp.shape[0], logp.device, self.choices
+        ranked = logp.topk(1 + max(i for c in choices for i in c), -1).indices  # [B, H, best]
+        node = {c: n for n, c in enumerate(choices)}
+        tokens = torch.stack([ranked[:, len(c) - 1, c[-1]] for c in choices], 1)
+        parents = torch.tensor([node[c[:-1]] if len(c) > 1 else -1 for c in choices], device=device)
+        depths = torch.tensor([len(c) for c in choices], device=device)
+        valid = torch.ones(b, len(choices), dtype=torch.bool, device=device)
+        return TokenTree(tokens, parents.expand(b, -1), depths.expand(b, -1), valid)
 
 
 def _tree(tokens: list[torch.Tensor], parents: list[torch.Tensor], shape: TreeShape) -> TokenTree:
