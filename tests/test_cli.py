@@ -183,4 +183,6 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
         assert cfg.serve.flavour == get_mode(cfg.mode).torch_flavour or cfg.mode == "none", name
         baseline = loaded[demo.baseline_for(demo.demo_modes(tuple(demo.SPECULATIVE))[name])]
         assert baseline.mode == "none" and baseline.serve.flavour == cfg.serve.flavour
-    assert demo.bench_model({"serve": {"flavour": "engine"}}) == "ensemble" and demo.bench_model({}) == "tensorrt_llm"
+    assert [demo.bench_model(demo.SPECULATIVE[m]) for m in ("medusa", "mtp")] == ["ensemble", "tensorrt_llm"]
+    # a tree the mode's settings fix has no K to adapt: those methods run fixed only
+    assert [n for n in every if n.startswith(("medusa", "lookahead"))] == ["medusa-fixed", "lookahead-fixed"]

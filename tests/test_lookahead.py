@@ -205,7 +205,7 @@ def test_the_lossless_check_runs_against_it_and_says_why_its_power_is_not_stated
         data["speculation"]["policy"] = "fixed"
         (tmp_path / name).write_text(yaml.safe_dump(data))
     reference = load_reference(tmp_path / "tiny-lookahead.yaml")
-    assert reference.planted == {} and "token tree 3x2" in reference.unstated_power
+    assert reference.planted == {} and "4-node token tree" in reference.unstated_power  # W + G(N-1) = 3 + 1
     assert len(reference.choose(["The history of", "Once upon a time"], 1, 4, 1.0)) == 1
     reference = load_reference(tmp_path / "tiny-ngram.yaml")
     assert set(reference.planted) == set(PLANTED) and reference.unstated_power is None

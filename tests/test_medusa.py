@@ -33,9 +33,10 @@ def _deployment(root, **changes):
 
 
 def test_a_medusa_deployment_builds_packages_and_serves_its_static_tree(tmp_path):
-    """The heads are cast into the build's draft folder beside a target engine that records medusa and the tree's
-    nodes as max_draft_len; the tensorrt_llm model carries NVIDIA's decoding_mode and medusa_choices; the engine
-    trtspec's stand-in makes of those parameters verifies that tree and decodes greedily as plain decoding."""
+    """The heads are cast into the build's draft folder beside a target engine that records medusa and the room for
+    a tree (max_token_len) as max_draft_len; the tensorrt_llm model carries NVIDIA's decoding_mode and
+    medusa_choices; the engine trtspec's stand-in makes of those parameters verifies that tree and decodes greedily
+    as plain decoding."""
     from trtspec.build.builder import run_build
     from trtspec.check import run_check
     from trtspec.repository.package import package_repository
@@ -45,11 +46,12 @@ def test_a_medusa_deployment_builds_packages_and_serves_its_static_tree(tmp_path
     assert run_build(cfg).built == ["target", "draft"]
     engines = tmp_path / "engines" / "tiny-medusa"
     build = json.loads((engines / "target" / "engine.json").read_text())["build_config"]
-    assert (build["speculative_decoding_mode"], build["max_draft_len"]) == ("medusa", 5)
+    assert (build["speculative_decoding_mode"], build["max_draft_len"]) == ("medusa", 63)  # max_token_len's room
     assert json.loads((engines / "draft" / "engine.json").read_text())["role"] == "draft"
     p = pbtxt_parameters(package_repository(cfg) / "tensorrt_llm" / "config.pbtxt")
     assert (p["decoding_mode"], p["medusa_choices"]) == ("medusa", "{0}, {1}, {0, 0}, {0, 1}, {1, 0}")
     assert p["trtspec_mode"] == "medusa" and p["trtspec_draft_dir"] == str(engines / "draft")
+    assert p["trtspec_num_draft_tokens"] == "2"  # a step drafts the tree's depth, as its K (the metrics' label)
     assert [f.code for f in run_check(cfg).findings if f.severity == "error"] == []
 
     plain = SpeculativeRunner(load_transformer(EMBEDDED_CHECKPOINTS["tiny-target"])).generate(PROMPTS, GREEDY)
@@ -63,12 +65,20 @@ def test_a_medusa_deployment_builds_packages_and_serves_its_static_tree(tmp_path
             engine.step()
         assert [s.result.tokens for s in served] == [g.tokens for g in plain]
         assert sum(s.result.stats.accepted_tokens for s in served) > 0  # the trained heads do guess right
-    with pytest.raises(UsageError, match="medusa_choices must read like"):
-        engine_from_parameters({**p, "medusa_choices": "0, 1"}, slots=2)
+    for bad in ("0, 1", "{-1}", "{}", "{0,}"):
+        with pytest.raises(UsageError, match="medusa_choices must read like"):
+            engine_from_parameters({**p, "medusa_choices": bad}, slots=2)
+    with pytest.raises(UsageError, match="has no parent"):
+        engine_from_parameters({**p, "medusa_choices": "{0}, {1, 0}"}, slots=2)
+    # a tree bigger than the room the engine was built with is refused, as TensorRT-LLM's engine refuses it
+    wide = ", ".join([*(f"{{{i}}}" for i in range(8)), *(f"{{0, {i}}}" for i in range(56))])  # 64 nodes
+    with pytest.raises(UsageError, match=r"built with max_draft_len 63; the medusa settings .* need 64"):
+        engine_from_parameters({**p, "medusa_choices": wide}, slots=2)
 
 
 def test_medusa_is_refused_where_its_tree_would_not_be_served(tmp_path):
     from trtspec.build.builder import run_build
+    from trtspec.check import run_check
 
     with pytest.raises(UsageError, match=r"no LLM API config.*set serve\.flavour engine"):
         run_build(_deployment(tmp_path / "llmapi", serve={"flavour": "llmapi"}))
@@ -76,12 +86,18 @@ def test_medusa_is_refused_where_its_tree_would_not_be_served(tmp_path):
         run_build(_deployment(tmp_path / "default", medusa={"choices": None}))
     for built in ("llmapi", "default"):
         assert not (tmp_path / built / "engines" / "tiny-medusa" / "target").exists()
+    # generate and plan run a config without choices (the heads' chain): check warns before the build refuses
+    found = {f.code: f for f in run_check(_deployment(tmp_path / "warn", medusa={"choices": None})).findings}
+    assert found["torch-deploy"].severity == "warning" and "set medusa.choices" in found["torch-deploy"].message
+    assert "torch-deploy" not in {f.code for f in run_check(_deployment(tmp_path / "ok")).findings}
     cases = [
         ({"medusa": {"choices": [[0], [1, 0]]}}, r"the path \[1, 0\] has no parent \[1\]"),
         ({"medusa": {"choices": [[0], [0]]}}, "given once"),
         ({"medusa": {"choices": [[0], [0, 0], [0, 0, 0]]}}, "a path of depth 3 needs 3 heads"),
         ({"speculation": {"tree": "2x2"}}, r"speculation\.tree: medusa\.choices is the tree"),
         ({"speculation": {"num_draft_tokens": 3}}, "Medusa's drafts are its tree"),
+        ({"speculation": {"policy": "adaptive"}}, r"adaptive chooses K for chains; medusa's settings fix its tree"),
+        ({"medusa": {"choices": []}}, "medusa.choices"),  # one line, not a traceback
     ]
     for changes, message in cases:
         with pytest.raises(ConfigError, match=message):

@@ -116,7 +116,9 @@ def servers(tmp_path_factory):
         res = trtspec("serve", str(config), *ports, "--detach", cwd=tmp)
         assert res.returncode == 0, res.stdout + res.stderr
         mode = data["speculation"]["mode"]
-        k = get_mode(mode).drafts_per_step(load_config(config))  # K, or what lookahead's (W, N, G) fix
+        cfg, spec = load_config(config), get_mode(mode)
+        tree = spec.own_tree(cfg)  # a step drafts K, or a tree the mode's settings fix as deep as it is
+        k = tree.depth if tree is not None else spec.drafts_per_step(cfg)
         started[key] = Served(
             key, config, f"localhost:{http}", f"localhost:{grpc}", data["serve"]["flavour"], mode, k,
             decoupled=data["serve"]["streaming"], metrics=f"http://localhost:{metrics}/metrics",

@@ -389,6 +389,10 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
     from trtspec.build.builder import serving_decisions
     from trtspec.build.shared_gpu import shared_gpu_plan
 
+    spec = get_mode(cfg.mode)
+    if cfg.build.backend == "torch" and spec.torch_deploys and (why := spec.torch_deploy_refusal(cfg)):
+        # generate and plan run it; the build refuses it (a mode only the runner runs says so at build time too)
+        report.add("warning", "torch-deploy", f"trtspec build will refuse this config: {why}", "")
     k = cfg.speculation.num_draft_tokens
     if isinstance(k, int) and (longest := serving_decisions(cfg, k).get("target_max_draft_len")):
         report.add(

@@ -91,11 +91,12 @@ class SpeculationSection(_Section):
     )
     sampling: SamplingSection = SamplingSection()
 
-    def resolved_policy(self, backend: str) -> str:
-        """fixed or adaptive: what `auto` means on `backend` (a tree is its own shape: fixed)."""
+    def resolved_policy(self, backend: str, own_tree: bool = False) -> str:
+        """fixed or adaptive: what `auto` means on `backend` (a tree, speculation.tree or the one the mode's own
+        settings give, `own_tree`, is its own shape: fixed)."""
         if self.policy != "auto":
             return self.policy
-        if self.tree is not None:
+        if self.tree is not None or own_tree:
             return "fixed"
         return "adaptive" if backend == "torch" and get_mode(self.mode).speculates() else "fixed"
 
@@ -252,6 +253,12 @@ class _Deployment(_Section):
         return self.speculation.mode
 
     @property
+    def policy(self) -> str:
+        """The K policy the served torch models run: fixed or adaptive."""
+        own = get_mode(self.mode).own_tree(self) is not None
+        return self.speculation.resolved_policy(self.build.backend, own)
+
+    @property
     def base_dir(self) -> Path:
         return self.source.parent if self.source else Path.cwd()
 
@@ -348,6 +355,10 @@ def _cross_field_rules(cfg: DeploymentConfig) -> list[tuple[str, str]]:
         errors.append(("speculation.tree", "the engine flavour's BLS loop verifies chains; use serve.flavour llmapi"))
     elif cfg.speculation.tree is not None and cfg.speculation.policy == "adaptive":
         errors.append(("speculation.policy", "adaptive chooses K for chains; a tree's shape is fixed: use fixed"))
+    elif cfg.speculation.policy == "adaptive" and (tree := spec.own_tree(cfg)) is not None:
+        errors.append(
+            ("speculation.policy", f"adaptive chooses K for chains; {mode}'s settings fix its tree ({tree}): use fixed")
+        )
     if backend == "torch" and flavour == "engine" and spec.speculates() and spec.torch_engine_mode is None:
         errors.append(
             (

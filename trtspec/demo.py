@@ -26,6 +26,7 @@ from trtspec.bench.results import BenchSummary
 from trtspec.bench.run import BenchOptions, run_bench
 from trtspec.bench.schedule import Load
 from trtspec.bench.tables import print_summary
+from trtspec.modes import get_mode
 
 COMMON = {
     "target": {"checkpoint": "embedded:tiny-target", "dtype": "float32"},
@@ -48,13 +49,11 @@ SPECULATIVE = {
         "draft": {"checkpoint": "embedded:tiny-medusa", "dtype": "float32"},
         "medusa": {"num_heads": 2, "choices": [[0], [1], [0, 0], [0, 1], [1, 0]]},
         "speculation": {"mode": "medusa"},
-        "serve": {"flavour": "engine"},
     },
     # (3, 2, 1): the README's measured lookahead row; the engine flavour, as TensorRT-LLM serves lookahead
     "lookahead": {
         "lookahead": {"window_size": 3, "ngram_size": 2, "verification_set_size": 1},
         "speculation": {"mode": "lookahead"},
-        "serve": {"flavour": "engine"},
     },
 }
 DEFAULT_METHODS = ("draft-target", "mtp")
@@ -63,7 +62,16 @@ LEVELS = (1, 2, 4, 8, 16)
 
 
 def flavour(setup: dict) -> str:
-    return setup.get("serve", {}).get("flavour", COMMON["serve"]["flavour"])
+    """The flavour a setup names, else the one that serves its mode on backend torch (Medusa, lookahead: engine)."""
+    mode = setup.get("speculation", {}).get("mode", "none")
+    return setup.get("serve", {}).get("flavour") or get_mode(mode).torch_flavour
+
+
+def policies(mode: str) -> tuple[str, ...]:
+    """Fixed, and adaptive where K is the mode's to choose: not for a tree its own settings fix."""
+    spec = get_mode(mode)
+    own = spec.runner_tree(SPECULATIVE[mode].get(spec.section or "", {})) is not None
+    return ("fixed",) if own else POLICIES
 
 
 def baseline_for(setup: dict) -> str:
@@ -79,9 +87,13 @@ def demo_modes(methods: tuple[str, ...] = DEFAULT_METHODS) -> dict[str, dict]:
         for setup in (SPECULATIVE[mode] for mode in methods)
     }
     return baselines | {
-        f"{mode}-{policy}": {**SPECULATIVE[mode], "speculation": {**SPECULATIVE[mode]["speculation"], "policy": policy}}
+        f"{mode}-{policy}": {
+            **SPECULATIVE[mode],
+            "speculation": {**SPECULATIVE[mode]["speculation"], "policy": policy},
+            "serve": {"flavour": flavour(SPECULATIVE[mode])},
+        }
         for mode in methods
-        for policy in POLICIES
+        for policy in policies(mode)
     }
 
 
@@ -212,10 +224,10 @@ def print_curve(
     for name, summary in curves.items():
         crossed, highest = measured_crossover(summary)
         crossings[name] = crossed
-        console.print(
-            f"{name}: stops paying at concurrency {crossed}"
+        console.print(  # by mean request latency, as the A/B tables' `pays?` (bench.crossover)
+            f"{name}: stops paying (mean latency) at concurrency {crossed}"
             if crossed
-            else f"{name}: pays at every level up to {highest}"
+            else f"{name}: pays (mean latency) at every level up to {highest}"
         )
     atomic_write_text(path, json.dumps({"tokens_per_s": rows, "stops_paying_at": crossings}, indent=2))
 

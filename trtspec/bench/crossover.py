@@ -2,8 +2,11 @@
 
 The plan predicts, from acceptance and step costs, the first batch size at which speculation is
 slower than plain decoding (`stops_paying_at_batch`). A closed-loop bench at concurrency c keeps at
-most c requests in the running batch, so the first level whose throughput ratio falls below 1 is
-the measured crossover. The plan's batch grid is powers of two, so a crossover within a factor of
+most c requests in the running batch, so the first level where speculation does not pay (the A/B table's
+`pays`: the baseline's mean request latency over its own at most 1, bench.run.PAYS_MARGIN) is the measured
+crossover. In a closed loop throughput is c over the mean latency, so the throughput ratio says the same
+but for the ramp at each level's ends, which can move a ratio near 1 across it either way; latency is what a
+request sees, so it decides. The plan's batch grid is powers of two, so a crossover within a factor of
 two of the prediction confirms it; one further away refutes it; a curve that never crosses within
 the levels measured confirms a plan that said "never" there, and cannot test one that crosses beyond.
 """
@@ -17,7 +20,7 @@ from trtspec.bench.results import BenchSummary
 
 
 def measured_crossover(summary: BenchSummary) -> tuple[int | None, int | None]:
-    """(first concurrency where A's throughput fell below B's, highest concurrency measured)."""
+    """(first concurrency where A did not pay: its mean latency no better than B's, highest concurrency measured)."""
     levels = {lv.level: lv.load.concurrency for lv in summary.levels}  # None for a rate level
     crossed = [levels[row.level] for row in summary.comparison or [] if not row.pays and levels[row.level]]
     measured = [c for c in levels.values() if c]

@@ -47,15 +47,16 @@ class Reference:
     @property
     def unstated_power(self) -> str | None:
         """Why no planted run stands for the served sampler (None: they do, and the check states its power)."""
+        if not self.planted:
+            nodes = self.speculative.verify_width(1) - 1
+            return (
+                f"the server verifies the {nodes}-node token tree its mode's settings give, and the planted bugs are"
+                " rules for chains: power against them is not stated"
+            )
         if self.adaptive:
             return (
                 "the server picks K per running batch (adaptive policy), so no fixed-K run in-process is its sampler:"
                 " power against the planted bugs is not stated; serve with speculation.policy fixed to measure it"
-            )
-        if not self.planted:
-            return (
-                f"the server verifies the token tree {self.speculative.tree} its mode's settings give, and the planted"
-                " bugs are rules for chains: power against them is not stated"
             )
         return None
 
@@ -158,6 +159,6 @@ def load_reference(config: Path) -> Reference:
     tokenizer = AutoTokenizer.from_pretrained(str(cfg.checkpoint_path(cfg.target)))
     s = cfg.speculation.sampling
     exact = cfg.build.backend == "torch" and cfg.target.quantization == "none"
-    adaptive = cfg.speculation.resolved_policy(cfg.build.backend) == "adaptive"
+    adaptive = cfg.policy == "adaptive"
     sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
     return Reference(tokenizer, speculative, plain, planted, sampling, exact, adaptive)

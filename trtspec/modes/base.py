@@ -153,6 +153,16 @@ class SpecMode:
         (W, N, G)); None where K or speculation.tree choose it."""
         return None
 
+    def tree_draft_len(self, settings: dict[str, Any]) -> int | None:
+        """The engine max_draft_len the tree these settings fix needs (None: no such tree); a served engine
+        refuses settings that need more than it was built with, as TensorRT-LLM's does."""
+        return None
+
+    def own_tree(self, cfg: DeploymentConfig) -> TreeShape | None:
+        """runner_tree for the config's section (its defaults where the config has none)."""
+        section = self.settings(cfg)
+        return self.runner_tree(section.model_dump() if section is not None else {})
+
     def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:
         """The draft checkpoint as the torch runner holds it (a model; heads override)."""
         from trtspec.speculative.model import load_transformer

@@ -60,6 +60,23 @@ def lookahead_draft_len(window: int, ngram: int, verification: int) -> int:
     return (0 if ngram == 1 else ngram - 2) + (window - 1 + verification) * (ngram - 1)
 
 
+def runner_problem(window: int, ngram: int, verification: int) -> str | None:
+    """Why trtspec's torch runner cannot run these (W, N, G): it feeds one window level a pass, so its n-grams
+    run along the window, and it verifies W + G(N-1) tokens a pass."""
+    from trtspec.speculative.requests import MAX_TREE_NODES
+
+    if window < 1 or ngram < 2 or verification < 0:
+        return f"lookahead needs W >= 1, N >= 2, G >= 0; got ({window}, {ngram}, {verification})"
+    if ngram > window + 1:
+        return f"lookahead needs N <= W + 1 (its n-grams run along its window): W={window} N={ngram}"
+    if (nodes := window + verification * (ngram - 1)) > MAX_TREE_NODES:
+        return (
+            f"lookahead ({window}, {ngram}, {verification}) verifies W + G(N-1) = {nodes} tokens a step; "
+            f"at most {MAX_TREE_NODES}"
+        )
+    return None
+
+
 def _section(settings: dict[str, Any]) -> LookaheadSection:
     """The runner's settings (the section's fields among others) as the section, defaults filled in."""
     return LookaheadSection(**{k: v for k, v in settings.items() if k in LookaheadSection.model_fields})
@@ -119,9 +136,12 @@ class Lookahead(SpecMode):
         s = _section(settings)
         return lookahead_tree(s.window_size, s.ngram_size, s.verification_set_size)
 
-    def draft_len(self, cfg: DeploymentConfig) -> int:
-        s = self.settings(cfg)
+    def tree_draft_len(self, settings: dict[str, Any]) -> int:
+        s = _section(settings)
         return lookahead_draft_len(s.window_size, s.ngram_size, s.verification_set_size)
+
+    def draft_len(self, cfg: DeploymentConfig) -> int:
+        return self.tree_draft_len(self.settings(cfg).model_dump())
 
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
         return self.draft_len(cfg)  # set by (W, N, G); speculation.num_draft_tokens does not apply
@@ -131,6 +151,10 @@ class Lookahead(SpecMode):
         s = self.settings(cfg)
         if "num_draft_tokens" in cfg.speculation.model_fields_set:
             errors.append(("speculation.num_draft_tokens", "lookahead's drafts follow from its (W, N, G); remove it"))
+        if cfg.build.backend == "torch" and (
+            why := runner_problem(s.window_size, s.ngram_size, s.verification_set_size)
+        ):
+            errors.append(("lookahead", f"{why} in trtspec's torch runner"))
         if self.draft_len(cfg) < 1:
             errors.append(
                 (
@@ -146,7 +170,12 @@ class Lookahead(SpecMode):
         return {"decoding_mode": "lookahead"} | {key: str(getattr(s, f)) for key, f in TRITON_FIELDS.items()}
 
     def triton_settings(self, parameters: dict[str, str]) -> dict[str, Any]:
-        return {f: int(parameters[key]) for key, f in TRITON_FIELDS.items() if key in parameters}
+        from trtspec.errors import UsageError
+
+        given = {key: parameters[key] for key in TRITON_FIELDS if key in parameters}
+        if bad := next((key for key, value in given.items() if not value.strip().isdigit()), None):
+            raise UsageError(f"{bad} must be a whole number, got {given[bad]!r}")
+        return {TRITON_FIELDS[key]: int(value) for key, value in given.items()}
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report

@@ -15,8 +15,8 @@ pytorch-backend config. The engine path ends with 1.2.x.
 trtspec's torch runner runs the heads for generate, plan and the benchmark: their argmax chain, a tree it
 grows (speculation.tree), or the static tree `medusa.choices` gives, as the engine verifies it. On backend
 torch the engine flavour builds and serves that static tree, as TensorRT-LLM serves Medusa from compiled
-engines: the heads are cast into the build's draft folder, the torch engine records `medusa` and the tree's
-nodes as max_draft_len, and trtspec's tensorrt_llm stand-in reads the tree back from `medusa_choices`. The
+engines: the heads are cast into the build's draft folder, the torch engine records `medusa` and max_token_len
+as max_draft_len, and trtspec's tensorrt_llm stand-in reads the tree back from `medusa_choices`. The
 llmapi flavour refuses Medusa (the LLM API has no Medusa config), and so does a config without choices
 (trtspec has no copy of the backend's default tree).
 """
@@ -59,10 +59,10 @@ def choices_text(choices: list[list[int]]) -> str:
 
 def parse_choices(text: str) -> list[list[int]]:
     """choices_text's inverse; a malformed value is a ValueError naming it."""
-    paths = re.findall(r"\{([^{}]*)\}", text)
-    if not paths or re.sub(r"\{[^{}]*\}|[\s,]", "", text):
+    path = r"\{\s*\d+(?:\s*,\s*\d+)*\s*\}"
+    if not re.fullmatch(rf"\s*{path}(?:\s*,\s*{path})*\s*", text):
         raise ValueError(f"medusa_choices must read like {{0}}, {{0, 0}}, {{1}}; got {text!r}")
-    return [[int(i) for i in path.split(",")] for path in paths]
+    return [[int(i) for i in found.split(",")] for found in re.findall(r"\{([^{}]*)\}", text)]
 
 
 def choices_problem(choices: list[list[int]]) -> str | None:
@@ -81,8 +81,10 @@ class MedusaSection(Section):
     max_token_len: PositiveInt = Field(
         default=DEFAULT_TOKEN_LEN, le=1024, description="max_medusa_token_len: tree nodes, the engine's max_draft_len"
     )
-    choices: list[list[Annotated[Int, Field(ge=0)]]] | None = Field(
-        default=None, description="medusa_choices: the tree's paths, [[0], [0, 0], [1], ...]; default mc_sim_7b_63"
+    choices: list[Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="medusa_choices: the tree's paths, [[0], [0, 0], [1], ...]; default mc_sim_7b_63",
     )
 
 
@@ -134,10 +136,15 @@ class Medusa(SpecMode):
         return None
 
     def fixed_draft_len(self, cfg: DeploymentConfig) -> int | None:
-        choices = self.settings(cfg).choices
-        if cfg.build.backend == "torch":  # one token per head, speculation.tree's nodes, or the static tree's
-            return len(choices) if choices else None
-        return self.settings(cfg).max_token_len  # the tree's nodes; speculation.num_draft_tokens does not apply
+        if cfg.build.backend == "torch" and self.settings(cfg).choices is None:  # the runner's chain or tree
+            return None
+        # the engine's room for a tree (as convert_checkpoint's --max_medusa_token_len): medusa_choices may
+        # change at serve time within it; speculation.num_draft_tokens does not apply
+        return self.settings(cfg).max_token_len
+
+    def tree_draft_len(self, settings: dict[str, Any]) -> int | None:
+        choices = settings.get("choices")
+        return len(choices) if choices else None
 
     def runner_tree(self, settings: dict[str, Any]) -> TreeShape | None:
         from trtspec.speculative.drafters import MedusaDrafter
@@ -242,9 +249,12 @@ class Medusa(SpecMode):
         if "medusa_choices" not in parameters:
             return {}
         try:
-            return {"choices": parse_choices(parameters["medusa_choices"])}
+            choices = parse_choices(parameters["medusa_choices"])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        if why := choices_problem(choices):
+            raise UsageError(f"medusa_choices: {why}")
+        return {"choices": choices}
 
     def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
         section = MedusaSection().model_dump()

@@ -84,7 +84,7 @@ def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
         "device": cfg.build.device,
         "dtype": cfg.target.dtype,
         "sampling": _sampling(cfg),
-        "policy": cfg.speculation.resolved_policy(cfg.build.backend),
+        "policy": cfg.policy,
         **({"tree": cfg.speculation.tree} if cfg.speculation.tree else {}),
     }
     return llmapi.model_yaml({"model": options.pop("model"), **options}, decoupled=cfg.serve.streaming)
@@ -156,9 +156,10 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
     target = {**common, "trtspec_mode": cfg.mode if drafts_itself else "none", **spec.triton_parameters(cfg)}
     if drafts_itself and spec.draft_head:  # Medusa's heads: TensorRT-LLM folds them into the engine
         target["trtspec_draft_dir"] = str(engines / "draft")
-    if drafts_itself:
-        target["trtspec_num_draft_tokens"] = str(manifest.num_draft_tokens or 1)
-        target["trtspec_policy"] = cfg.speculation.resolved_policy(cfg.build.backend)
+    if drafts_itself:  # drafts a step makes: K, or the depth of the tree the mode's own settings fix
+        own = spec.own_tree(cfg)
+        target["trtspec_num_draft_tokens"] = str(own.depth if own is not None else manifest.num_draft_tokens or 1)
+        target["trtspec_policy"] = cfg.policy
         if cfg.speculation.max_concurrency is not None:
             target["trtspec_max_concurrency"] = str(cfg.speculation.max_concurrency)
     draft = {**common, "trtspec_dtype": cfg.draft.dtype if cfg.draft else cfg.target.dtype}

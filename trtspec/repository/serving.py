@@ -79,6 +79,7 @@ def engine_from_parameters(p: dict[str, str], slots: int) -> BatchEngine:
     gpt_model_path, a mode that drafts inside the target (trtspec_mode) with its settings under NVIDIA's
     parameter names (lookahead_*, medusa_choices) and its heads (trtspec_draft_dir, which a compiled engine
     holds inside), max_batch_size slots, and enable_kv_cache_reuse."""
+    from trtspec.build.torch_engine import read_engine_config
     from trtspec.speculative.model import load_transformer
     from trtspec.speculative.policy import policy_for
 
@@ -88,11 +89,19 @@ def engine_from_parameters(p: dict[str, str], slots: int) -> BatchEngine:
     spec = get_mode(p.get("trtspec_mode", "none"))
     k = int(p.get("trtspec_num_draft_tokens", "1")) if spec.speculates() else 0
     dtype = resolve_dtype(p.get("trtspec_dtype", "auto"), device)
+    settings = spec.triton_settings(p)
+    room = read_engine_config(engine_dir).get("build_config", {}).get("max_draft_len")
+    need = spec.tree_draft_len(settings)
+    if need is not None and room is not None and need > room:
+        raise UsageError(
+            f"{engine_dir}: the engine was built with max_draft_len {room}; the {spec.name} settings in this "
+            f"model's parameters need {need}: rebuild it (trtspec build) or serve settings that fit"
+        )
     heads = p.get("trtspec_draft_dir")
     runner = load_runner(
         engine_dir, spec.name, Path(heads) if heads else None, num_draft_tokens=max(k, 1), device=device,
         dtype=dtype, max_len=max_len, target=load_transformer(engine_dir, dtype, device, max_len),
-        settings=spec.triton_settings(p),
+        settings=settings,
     )  # fmt: skip
     concurrency = p.get("trtspec_max_concurrency")
     policy = spec.k_policy() or policy_for(

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trtspec.modes.lookahead import runner_problem
 from trtspec.speculative.drafters import BatchState, Drafter, Timer
 from trtspec.speculative.model import Slots, Transformer
-from trtspec.speculative.requests import MAX_TREE_NODES
 from trtspec.speculative.tree import TokenTree, TreeShape
 
 
@@ -53,16 +53,9 @@ class LookaheadDrafter(Drafter):
     proposes_trees = True
 
     def __init__(self, window: int, ngram: int, verification: int) -> None:
-        if window < 1 or ngram < 2 or verification < 0:
-            raise ValueError(f"lookahead needs W >= 1, N >= 2, G >= 0; got ({window}, {ngram}, {verification})")
-        if ngram > window + 1:
-            raise ValueError(f"lookahead needs N <= W + 1 (its n-grams run along its window): W={window} N={ngram}")
+        if why := runner_problem(window, ngram, verification):
+            raise ValueError(why)
         self.w, self.n, self.g = window, ngram, verification
-        if self.nodes > MAX_TREE_NODES:
-            raise ValueError(
-                f"lookahead ({window}, {ngram}, {verification}) verifies W + G(N-1) = {self.nodes} tokens a step; "
-                f"at most {MAX_TREE_NODES}"
-            )
 
     @property
     def fixed_tree(self) -> TreeShape:
