@@ -76,7 +76,7 @@ def test_a_seeded_cascaded_row_samples_the_same_tokens_whatever_shares_its_batch
     assert results[0] == results[1]
 
 
-def _config(tmp_path, backend: str):
+def _config(tmp_path, backend: str, flavour: str | None = None, output_dir: str | None = None, repository=None):
     import yaml
 
     from trtspec.config import load_config
@@ -84,6 +84,10 @@ def _config(tmp_path, backend: str):
     cfg = yaml.safe_load((REPO / "configs" / "tiny-draft-target.yaml").read_text())
     cfg["draft_target"] = {"cascade": "ngram"}
     cfg["build"]["backend"] = backend
+    cfg["speculation"]["policy"] = "fixed"  # every step drafts (the adaptive policy may decline on a slow host)
+    cfg["build"].update({"output_dir": output_dir} if output_dir else {})
+    cfg["serve"].update({k: v for k, v in (("flavour", flavour), ("repository", repository)) if v})
+    cfg["serve"].update({"streaming": False} if flavour == "engine" else {})
     path = tmp_path / f"{backend}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return load_config(path)
@@ -96,12 +100,42 @@ def test_a_cascade_is_the_torch_runners_and_is_refused_elsewhere(tmp_path):
     with pytest.raises(ConfigError, match=r"draft_target\.cascade.*the torch runner.s") as err:
         _config(tmp_path, "pytorch")
     assert "\n" not in str(err.value)
-    cfg = _config(tmp_path, "torch")
-    with pytest.raises(UsageError, match=r"draft_target\.cascade runs in the torch runner.*not built or served"):
+    cfg = _config(tmp_path, "torch", flavour="engine")
+    with pytest.raises(
+        UsageError, match=r"draft_target\.cascade runs in trtspec's llmapi model.*serve\.flavour llmapi"
+    ):
         _torch_steps(cfg, 2, {})
     from trtspec.speculative.factory import runner_for
 
     assert isinstance(runner_for(cfg).drafter, CascadeDrafter)
+
+
+def test_a_cascade_deploys_on_backend_torch_through_trtspecs_own_model_yaml_section(tmp_path):
+    """TensorRT-LLM's speculative_config has no cascade, so the llmapi model.yaml carries it in its trtspec
+    section; the served engine drafts with the cascade and decodes greedily as plain decoding."""
+    import yaml
+
+    from trtspec.build.builder import run_build
+    from trtspec.repository.package import package_repository
+    from trtspec.repository.serving import engine_from_model_yaml
+
+    cfg = _config(tmp_path, "torch", output_dir=str(tmp_path / "engines"), repository=str(tmp_path / "repo"))
+    run_build(cfg)
+    options = yaml.safe_load((package_repository(cfg) / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert options["trtspec"]["settings"] == {"cascade": "ngram"} and "cascade" not in options["speculative_config"]
+    engine, _ = engine_from_model_yaml(options)
+    assert isinstance(engine.drafter, CascadeDrafter)
+    plain = SpeculativeRunner(load_transformer(cfg.checkpoint_path(cfg.target))).generate(PROMPTS, GREEDY)
+    served = [Sequence(p, GREEDY) for p in PROMPTS]
+    for seq in served:
+        engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    assert [s.result.tokens for s in served] == [g.tokens for g in plain]
+    assert sum(s.result.stats.draft_tokens for s in served) > 0
+    options["trtspec"]["settings"] = {"cascade": "none", "tree": "9x9"}  # only the mode's own fields are read
+    plain_engine, _ = engine_from_model_yaml(options)
+    assert type(plain_engine.drafter) is DraftModelDrafter and plain_engine.tree is None
 
 
 def test_each_drafter_says_how_its_drafting_grows_with_the_batch(pair):

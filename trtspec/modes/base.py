@@ -59,6 +59,8 @@ class SpecMode:
     settings_model: ClassVar[type[Section] | None] = None  # ... and their model, defined beside the mode
     decoding_types: ClassVar[tuple[str, ...]] = ()  # speculative_config.decoding_type spellings it reads back
     served_settings: ClassVar[tuple[str, ...]] = ()  # speculative_config fields the served torch runner reads
+    # section fields TensorRT-LLM has no key for: the llmapi model.yaml carries them in its own `trtspec` section
+    runner_only_settings: ClassVar[tuple[str, ...]] = ()
     engine_mode: ClassVar[str | None] = None  # trtllm-build --speculative_decoding_mode of the target engine
     build_sets_max_draft_len: ClassVar[bool] = True  # trtllm-build gets --max_draft_len (else the checkpoint has it)
     torch_engine_mode: ClassVar[str | None] = None  # the mode trtspec's torch engine stand-ins record

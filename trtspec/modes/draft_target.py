@@ -69,6 +69,7 @@ class DraftTarget(SpecMode):
     runner_trees: ClassVar[bool] = True
     section: ClassVar[str | None] = "draft_target"
     settings_model: ClassVar[type[Section] | None] = DraftTargetSection
+    runner_only_settings: ClassVar[tuple[str, ...]] = ("cascade",)
 
     def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
         return {}  # its one setting is the torch runner's and off by default: nothing to write
@@ -79,8 +80,11 @@ class DraftTarget(SpecMode):
         return []
 
     def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
-        if self.settings(cfg).cascade != "none":
-            return "draft_target.cascade runs in the torch runner (generate, plan, bench); not built or served yet"
+        if self.settings(cfg).cascade != "none" and cfg.serve.flavour == "engine":
+            return (
+                "draft_target.cascade runs in trtspec's llmapi model; the engine flavour's BLS runs TensorRT-LLM's "
+                "documented draft loop: use serve.flavour llmapi"
+            )
         return None
 
     def engine_draft_len(self, cfg: DeploymentConfig, k: int) -> int:

@@ -80,12 +80,15 @@ def torch_model_yaml(cfg: DeploymentConfig, engines: Path, k: int) -> dict:
         spec.pop("speculative_model_dir", None)
         if draft:
             spec["speculative_model"] = draft
+    mode = get_mode(cfg.mode)  # and the section's fields TensorRT-LLM has no key for (draft-target's cascade)
+    own = {f: getattr(mode.settings(cfg), f) for f in mode.runner_only_settings}
     options["trtspec"] = {
         "device": cfg.build.device,
         "dtype": cfg.target.dtype,
         "sampling": _sampling(cfg),
         "policy": cfg.policy,
         **({"tree": cfg.speculation.tree} if cfg.speculation.tree else {}),
+        **({"settings": own} if own else {}),
     }
     return llmapi.model_yaml({"model": options.pop("model"), **options}, decoupled=cfg.serve.streaming)
 

@@ -32,6 +32,8 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
     k = get_mode(mode).served_draft_len(spec)
     draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
     local = options.get("trtspec", {})
+    # the section's fields TensorRT-LLM has no key for (draft-target's cascade), from trtspec's own section
+    own = {k: v for k, v in (local.get("settings") or {}).items() if k in get_mode(mode).runner_only_settings}
     device = resolve_device(local.get("device", "auto"))
     runner = load_runner(
         Path(options["model"]),
@@ -41,7 +43,7 @@ def runner_from_model_yaml(options: dict[str, Any]) -> tuple[SpeculativeRunner, 
         device=device,
         dtype=resolve_dtype(local.get("dtype", "auto"), device),
         max_len=int(options.get("max_seq_len", 2048)),
-        settings=get_mode(mode).runner_settings(spec),
+        settings={**get_mode(mode).runner_settings(spec), **own},
         tree=TreeShape.parse(local["tree"]) if local.get("tree") else None,
     )
     defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 64, "seed": None}
