@@ -29,7 +29,7 @@ MAX_DRAFT_LEN_HEADROOM = 10
 
 
 class DraftTargetSection(Section):
-    """The draft model's own speed-up, in trtspec's torch runner only (trtspec.modes.draft_target)."""
+    """The draft model's own speed-up, trtspec's own: its torch runner and llmapi model (trtspec.modes.draft_target)."""
 
     cascade: Literal["none", "ngram"] = Field(
         default="none",
