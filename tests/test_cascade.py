@@ -110,7 +110,7 @@ def test_a_cascade_is_the_torch_runners_and_is_refused_elsewhere(tmp_path):
     assert isinstance(runner_for(cfg).drafter, CascadeDrafter)
 
 
-def test_a_cascade_deploys_on_backend_torch_through_trtspecs_own_model_yaml_section(tmp_path):
+def test_a_cascade_deploys_on_backend_torch_through_trtspecs_own_model_yaml_section(tmp_path, monkeypatch):
     """TensorRT-LLM's speculative_config has no cascade, so the llmapi model.yaml carries it in its trtspec
     section; the served engine drafts with the cascade and decodes greedily as plain decoding."""
     import yaml
@@ -133,9 +133,15 @@ def test_a_cascade_deploys_on_backend_torch_through_trtspecs_own_model_yaml_sect
         engine.step()
     assert [s.result.tokens for s in served] == [g.tokens for g in plain]
     assert sum(s.result.stats.draft_tokens for s in served) > 0
-    options["trtspec"]["settings"] = {"cascade": "none", "tree": "9x9"}  # only the mode's own fields are read
+    # only the mode's own runner-only fields reach the drafter, whatever else the section holds
+    from trtspec.repository import serving
+
+    given = []
+    real = serving.load_runner
+    monkeypatch.setattr(serving, "load_runner", lambda *a, **kw: given.append(kw["settings"]) or real(*a, **kw))
+    options["trtspec"]["settings"] = {"cascade": "none", "num_nextn_predict_layers": 9, "layers": [0]}
     plain_engine, _ = engine_from_model_yaml(options)
-    assert type(plain_engine.drafter) is DraftModelDrafter and plain_engine.tree is None
+    assert given == [{"cascade": "none"}] and type(plain_engine.drafter) is DraftModelDrafter
 
 
 def test_each_drafter_says_how_its_drafting_grows_with_the_batch(pair):

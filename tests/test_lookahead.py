@@ -130,7 +130,7 @@ def _deployment(target_path, root, flavour: str = "engine", wng=(4, 3, 2)):
         "name": "la",
         "target": {"checkpoint": str(target_path), "dtype": "float32"},
         "lookahead": dict(zip(("window_size", "ngram_size", "verification_set_size"), wng, strict=True)),
-        "speculation": {"mode": "lookahead", "policy": "fixed"},
+        "speculation": {"mode": "lookahead"},  # policy auto, which is fixed for a tree its settings give
         "build": {"backend": "torch", "device": "cpu", "max_batch_size": 2, "max_seq_len": 256, "max_input_len": 32},
         "serve": {"flavour": flavour, "repository": str(root / "repo")},
     }
@@ -159,6 +159,7 @@ def test_a_lookahead_deployment_builds_packages_and_serves_on_the_engine_flavour
     repo = package_repository(cfg)
     p = pbtxt_parameters(repo / "tensorrt_llm" / "config.pbtxt")
     assert p["decoding_mode"] == "lookahead" and p["trtspec_mode"] == "lookahead"
+    assert (p["trtspec_policy"], p["trtspec_num_draft_tokens"]) == ("fixed", "4")  # the 4x3 tree's depth
     assert (p["lookahead_window_size"], p["lookahead_ngram_size"], p["lookahead_verification_set_size"]) == (
         "4", "3", "2"
     )  # fmt: skip
@@ -189,6 +190,26 @@ def test_the_llmapi_flavour_refuses_lookahead_which_the_llm_api_lacks(target_pat
     with pytest.raises(UsageError, match=r"no LLM API config.*set serve\.flavour engine"):
         run_build(_deployment(target_path, tmp_path, flavour="llmapi"))
     assert not (tmp_path / "engines" / "la" / "target").exists()
+
+
+def test_settings_the_served_runner_cannot_run_are_refused_in_one_line(target_path, tmp_path):
+    from trtspec.config import validate_config
+    from trtspec.errors import ConfigError
+    from trtspec.modes import get_mode
+
+    data = _deployment(target_path, tmp_path).model_dump(mode="json")
+    for change, message in (
+        ({"lookahead": {"window_size": 10, "ngram_size": 8, "verification_set_size": 8}}, "66 tokens a step"),
+        ({"lookahead": {"window_size": 2, "ngram_size": 4, "verification_set_size": 1}}, r"N <= W \+ 1"),
+        ({"speculation": {"mode": "lookahead", "policy": "adaptive"}}, "lookahead's settings fix its tree"),
+    ):
+        with pytest.raises(ConfigError, match=message) as err:
+            validate_config({**data, **change}, tmp_path / "la.yaml")
+        assert "\n" not in str(err.value)
+    mode = get_mode("lookahead")  # the parameters a server reads: a number in range, or one line saying not
+    for value, message in (("7x", "must be a whole number"), ("0", "greater than or equal to 1"), ("99", "64")):
+        with pytest.raises(UsageError, match=message):
+            mode.triton_settings({"lookahead_ngram_size": value})
 
 
 def test_the_lossless_check_runs_against_it_and_says_why_its_power_is_not_stated(tmp_path):

@@ -52,6 +52,7 @@ def test_a_medusa_deployment_builds_packages_and_serves_its_static_tree(tmp_path
     assert (p["decoding_mode"], p["medusa_choices"]) == ("medusa", "{0}, {1}, {0, 0}, {0, 1}, {1, 0}")
     assert p["trtspec_mode"] == "medusa" and p["trtspec_draft_dir"] == str(engines / "draft")
     assert p["trtspec_num_draft_tokens"] == "2"  # a step drafts the tree's depth, as its K (the metrics' label)
+    assert p["trtspec_policy"] == "fixed"  # auto: the tree is fixed by the choices, so there is no K to adapt
     assert [f.code for f in run_check(cfg).findings if f.severity == "error"] == []
 
     plain = SpeculativeRunner(load_transformer(EMBEDDED_CHECKPOINTS["tiny-target"])).generate(PROMPTS, GREEDY)
@@ -99,6 +100,7 @@ def test_medusa_is_refused_where_its_tree_would_not_be_served(tmp_path):
         ({"speculation": {"policy": "adaptive"}}, r"adaptive chooses K for chains; medusa's settings fix its tree"),
         ({"medusa": {"choices": []}}, "medusa.choices"),  # one line, not a traceback
     ]
+    assert _deployment(tmp_path).policy == "fixed"  # auto, with the tree the choices fix
     for changes, message in cases:
         with pytest.raises(ConfigError, match=message):
             _deployment(tmp_path, **changes)

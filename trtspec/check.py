@@ -236,7 +236,7 @@ def _check_limits(
             f"{output} + draft tokens {drafts} = {need} (TensorRT-LLM asserts this at run time, #2494)",
             f"raise build.max_seq_len to {need} or lower max_input_len / sampling.max_tokens",
         )
-    if drafts > MANY_DRAFT_TOKENS:
+    if drafts > MANY_DRAFT_TOKENS and get_mode(cfg.mode).fixed_draft_len(cfg) is None:  # a K to choose
         report.add(
             "warning",
             "many-drafts",

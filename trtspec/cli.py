@@ -133,10 +133,11 @@ def validate(config: Path, as_json: bool) -> None:
     if as_json:
         _print_json(resolved)
         return
-    k = get_mode(cfg.mode).fixed_draft_len(cfg) or cfg.speculation.num_draft_tokens
+    spec = get_mode(cfg.mode)
+    k = spec.fixed_draft_len(cfg) or cfg.speculation.num_draft_tokens
     click.echo(
         f"{config}: ok: {cfg.name}: mode {cfg.mode}, backend {cfg.build.backend}, "
-        f"flavour {cfg.serve.flavour}, num_draft_tokens {k}"
+        f"flavour {cfg.serve.flavour}, {spec.drafts_label(cfg, k)}"
     )
 
 

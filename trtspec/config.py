@@ -79,7 +79,8 @@ class SpeculationSection(_Section):
     policy: Literal["auto", "fixed", "adaptive"] = Field(
         default="auto",
         description="drafts per step: fixed K, or adaptive (K per running batch from measured acceptance and step"
-        " costs; torch backend only); auto is adaptive on the torch backend, fixed on TensorRT-LLM",
+        " costs; torch backend only); auto is adaptive on the torch backend, fixed on TensorRT-LLM and for a tree"
+        " (speculation.tree, medusa.choices, lookahead's W, N, G), where adaptive is refused",
     )
     max_concurrency: PositiveInt | None = Field(
         default=None,
@@ -91,7 +92,7 @@ class SpeculationSection(_Section):
     )
     sampling: SamplingSection = SamplingSection()
 
-    def resolved_policy(self, backend: str, own_tree: bool = False) -> str:
+    def resolved_policy(self, backend: str, *, own_tree: bool) -> str:
         """fixed or adaptive: what `auto` means on `backend` (a tree, speculation.tree or the one the mode's own
         settings give, `own_tree`, is its own shape: fixed)."""
         if self.policy != "auto":
@@ -256,7 +257,7 @@ class _Deployment(_Section):
     def policy(self) -> str:
         """The K policy the served torch models run: fixed or adaptive."""
         own = get_mode(self.mode).own_tree(self) is not None
-        return self.speculation.resolved_policy(self.build.backend, own)
+        return self.speculation.resolved_policy(self.build.backend, own_tree=own)
 
     @property
     def base_dir(self) -> Path:

@@ -2,7 +2,8 @@
 
 It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour; `--methods` picks
 among the modes a torch engine serves, n-gram, EAGLE-3, Medusa and lookahead too), each
-speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch), serves
+speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch; once, fixed,
+where the mode's settings fix its tree: Medusa's choices, lookahead's W, N, G), serves
 each on its own real tritonserver, and benches each against a baseline of its own flavour over gRPC
 streaming on the same prompts and schedule at concurrency 1 to 16, with the lossless check on the fixed-K
 servers (whose K the check's power is computed for); then prints the tables, the throughput curve with where
@@ -81,7 +82,7 @@ def baseline_for(setup: dict) -> str:
 
 def demo_modes(methods: tuple[str, ...] = DEFAULT_METHODS) -> dict[str, dict]:
     """The servers the demo runs: a baseline per flavour the methods need, then each method with a fixed K and
-    with the adaptive policy."""
+    with the adaptive policy (fixed only where its settings fix a tree)."""
     baselines = {
         baseline_for(setup): {"speculation": {"mode": "none"}, "serve": {"flavour": flavour(setup)}}
         for setup in (SPECULATIVE[mode] for mode in methods)

@@ -560,7 +560,8 @@ def describe_plan(cfg: DeploymentConfig) -> list[str]:
     k = resolve_num_draft_tokens(cfg, engine_dir)
     steps, _ = plan_steps(cfg, engine_dir, k)
     manifest = Manifest.load(engine_dir)
-    lines = [f"build {cfg.name}: backend {cfg.build.backend}, mode {cfg.mode}, num_draft_tokens {k} -> {engine_dir}"]
+    drafts = get_mode(cfg.mode).drafts_label(cfg, k)
+    lines = [f"build {cfg.name}: backend {cfg.build.backend}, mode {cfg.mode}, {drafts} -> {engine_dir}"]
     for step in steps:
         state = "up to date" if manifest and manifest.current(step.name, step.key, engine_dir) else "would build"
         lines.append(f"  {step.name} ({state}): {step.describe}")

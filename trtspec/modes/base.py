@@ -165,6 +165,11 @@ class SpecMode:
         section = self.settings(cfg)
         return self.runner_tree(section.model_dump() if section is not None else {})
 
+    def drafts_label(self, cfg: DeploymentConfig, k: Any) -> str:
+        """What a step drafts, for one-line summaries: K, or on backend torch the tree the settings fix."""
+        tree = self.own_tree(cfg) if cfg.build.backend == "torch" else None
+        return f"the {tree} tree its settings give" if tree is not None else f"num_draft_tokens {k}"
+
     def load_draft(self, path: Path, dtype: Any, device: str, max_len: int) -> Any:
         """The draft checkpoint as the torch runner holds it (a model; heads override)."""
         from trtspec.speculative.model import load_transformer

@@ -19,9 +19,10 @@ lookahead config, so it is refused there.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from trtspec.config_types import Int, PositiveInt, Section
 from trtspec.families import ENGINE_FAMILIES, TORCH_RUNNER_FAMILIES
@@ -173,9 +174,16 @@ class Lookahead(SpecMode):
         from trtspec.errors import UsageError
 
         given = {key: parameters[key] for key in TRITON_FIELDS if key in parameters}
-        if bad := next((key for key, value in given.items() if not value.strip().isdigit()), None):
+        if bad := next((key for key, value in given.items() if not re.fullmatch(r"\s*[0-9]+\s*", value)), None):
             raise UsageError(f"{bad} must be a whole number, got {given[bad]!r}")
-        return {TRITON_FIELDS[key]: int(value) for key, value in given.items()}
+        settings = {TRITON_FIELDS[key]: int(value) for key, value in given.items()}
+        try:
+            LookaheadSection(**settings)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            key = next(k for k, f in TRITON_FIELDS.items() if f == problem["loc"][0])
+            raise UsageError(f"{key} {problem['msg'].lower()}") from None
+        return settings
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report

@@ -170,6 +170,8 @@ class Medusa(SpecMode):
         choices = settings.get("choices")
         if choices and (why := choices_problem(choices)):
             raise UsageError(f"medusa.choices: {why}")
+        if choices and (top := max(i for c in choices for i in c)) >= target.dims.vocab_size:
+            raise UsageError(f"medusa.choices ranks a head's guess {top}; the vocabulary has {target.dims.vocab_size}")
         if choices and max(map(len, choices)) > draft.num_heads:
             raise UsageError(
                 f"medusa.choices has a path {max(map(len, choices))} deep; the heads checkpoint has {draft.num_heads}"
