@@ -259,7 +259,7 @@ def run_plan(
         raise UsageError("speculation.mode is none: there is nothing to plan")
     runner_mode(cfg.mode)  # acceptance is measured with the torch runner: refuse a mode it lacks first
     spec = get_mode(cfg.mode)
-    if (tree := spec.runner_tree(mode_settings(cfg) or {})) is not None:
+    if (tree := spec.own_tree(cfg)) is not None:
         hint = (  # lookahead's defaults fix a tree; Medusa's choices are a setting to leave out
             f"plan a config of another mode, which compares {cfg.mode} among its methods"
             if spec.runner_tree({}) is not None

@@ -105,6 +105,11 @@ class SpecMode:
 
     def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
         """Why `trtspec build` cannot make a torch engine of this configuration (None: it can)."""
+        if self.torch_deploys and self.torch_flavour == "engine" and cfg.serve.flavour != "engine":
+            return (
+                f"mode {self.name} has no LLM API config (TensorRT-LLM serves it from compiled engines only), so the "
+                "llmapi flavour cannot serve it: set serve.flavour engine, which serves it as TensorRT-LLM's engines do"
+            )
         if self.torch_deploys:
             return None
         return (

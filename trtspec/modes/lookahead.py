@@ -113,14 +113,6 @@ class Lookahead(SpecMode):
     torch_flavour: ClassVar[str] = "engine"
     default_k: ClassVar[int | None] = None
 
-    def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
-        if cfg.serve.flavour == "engine":
-            return None
-        return (
-            "mode lookahead has no LLM API config (LookaheadDecodingConfig is for compiled engines), so the llmapi "
-            "flavour cannot serve it: set serve.flavour engine, which serves it as TensorRT-LLM's engines do"
-        )
-
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         from trtspec.errors import UsageError
         from trtspec.speculative.lookahead import LookaheadDrafter

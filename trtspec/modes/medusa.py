@@ -123,11 +123,8 @@ class Medusa(SpecMode):
     torch_flavour: ClassVar[str] = "engine"
 
     def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
-        if cfg.serve.flavour != "engine":
-            return (
-                "mode medusa has no LLM API config (MedusaDecodingConfig is for compiled engines), so the llmapi "
-                "flavour cannot serve it: set serve.flavour engine, which serves it as TensorRT-LLM's engines do"
-            )
+        if why := super().torch_deploy_refusal(cfg):
+            return why
         if self.settings(cfg).choices is None:
             return (
                 "backend torch serves the static tree medusa.choices gives, as TensorRT-LLM's engines verify it: "

@@ -426,8 +426,12 @@ class MedusaDrafter(Drafter):
             raise ValueError("the Medusa heads are stored tied to their target's lm_head: tie() them first")
         self.heads = heads
         self.choices = sorted((tuple(c) for c in choices), key=lambda c: (len(c), c)) if choices else None
-        if self.choices:  # parents first
+        if self.choices:  # parents first; the tree's layout is fixed, so it is laid out once, not per step
             self.fixed_tree = self.static_shape(choices)
+            node = {c: n for n, c in enumerate(self.choices)}
+            self._head = torch.tensor([len(c) - 1 for c in self.choices])  # the head that guesses each node
+            self._rank = torch.tensor([c[-1] for c in self.choices])  # and which of its best guesses it is
+            self._parents = torch.tensor([node[c[:-1]] if len(c) > 1 else -1 for c in self.choices])
 
     @staticmethod
     def static_shape(choices: list[list[int]]) -> TreeShape:
@@ -467,14 +471,12 @@ class MedusaDrafter(Drafter):
     def _static_tree(self, logp: torch.Tensor) -> TokenTree:
         from trtspec.speculative.tree import TokenTree
 
-        b, device, choices = logp.shape[0], logp.device, self.choices
-        ranked = logp.topk(1 + max(i for c in choices for i in c), -1).indices  # [B, H, best]
-        node = {c: n for n, c in enumerate(choices)}
-        tokens = torch.stack([ranked[:, len(c) - 1, c[-1]] for c in choices], 1)
-        parents = torch.tensor([node[c[:-1]] if len(c) > 1 else -1 for c in choices], device=device)
-        depths = torch.tensor([len(c) for c in choices], device=device)
-        valid = torch.ones(b, len(choices), dtype=torch.bool, device=device)
-        return TokenTree(tokens, parents.expand(b, -1), depths.expand(b, -1), valid)
+        b, device = logp.shape[0], logp.device
+        head, rank, parents = (t.to(device) for t in (self._head, self._rank, self._parents))
+        ranked = logp.topk(int(rank.max()) + 1, -1).indices  # [B, H, best]
+        tokens = ranked[:, head, rank]  # [B, nodes]
+        valid = torch.ones_like(tokens, dtype=torch.bool)
+        return TokenTree(tokens, parents.expand(b, -1), (head + 1).expand(b, -1), valid)
 
 
 def _tree(tokens: list[torch.Tensor], parents: list[torch.Tensor], shape: TreeShape) -> TokenTree:
