@@ -271,6 +271,26 @@ def test_end_token_stops_and_min_tokens_holds_it_back(pair):
     assert first[2] not in held.result.tokens[:4] and held.result.stats.output_tokens >= 4
 
 
+@pytest.mark.parametrize("mode", ["draft-target", "mtp", "ngram", "draft-target-tree"])
+def test_min_tokens_holds_the_end_back_while_speculating(pair, mode):
+    """The stop token is banned in every verified column before min_tokens, not only the first: greedy text equals
+    plain decoding's with the same min_tokens, though the drafts propose the stop token where it is likely."""
+    target, draft = pair
+    runner = {
+        **runners(pair),
+        "draft-target-tree": SpeculativeRunner(target, DraftModelDrafter(draft), tree=TreeShape(2, 2)),
+    }[mode]
+    plain = SpeculativeRunner(target, max_len=64).engine(slots=1, capacity=64)
+    first = run(plain, Sequence([3, 4, 5], GenerationParams(max_tokens=12))).result.tokens
+    stop = frozenset({first[1]})
+    params = GenerationParams(max_tokens=12, stop_token_ids=stop)
+    want = run(plain, Sequence([3, 4, 5], params, min_tokens=8)).result
+    assert first[1] not in want.tokens[:8] and len(want.tokens) >= 8
+    got = run(runner.engine(slots=2, capacity=64), Sequence([3, 4, 5], params, min_tokens=8)).result
+    assert got.stats.draft_tokens > 0
+    assert got.tokens == want.tokens
+
+
 def test_a_plain_row_beside_given_drafts_keeps_to_its_room_and_its_min_tokens(pair):
     """A row with fewer drafts than the batch's widest writes no further than it reserved, and a plain row
     keeps min_tokens and its logits though a row beside it verifies drafts."""

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.slow
 
 V, N, LENGTH, ALPHA = 8, 100_000, 4, 1e-3
 N_BROKEN = 20_000  # a broken sampler fails by orders of magnitude at a fifth of N
+N_MIXED = 30_000  # through the batch engine, as its mixed-batch test does
 PROMPT = [2, 3, 2, 3, 2]
 T1 = SamplingParams(temperature=1.0)
 WARPED = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
@@ -54,12 +55,14 @@ def models(root):
 
 
 @torch.inference_mode()
-def exact_joint(target, params: SamplingParams, length: int = LENGTH) -> np.ndarray:
-    """P(t1..tL | prompt) for every one of V^L continuations, from the target's processed conditionals."""
+def exact_joint(target, params: SamplingParams, length: int = LENGTH, banned: tuple[int, ...] = ()) -> np.ndarray:
+    """P(t1..tL | prompt) for every one of V^L continuations, from the target's processed conditionals (the
+    `banned` tokens masked out, as min_tokens masks stop tokens)."""
     prefixes = torch.tensor(list(itertools.product(range(V), repeat=length - 1)))
     seqs = torch.cat([torch.tensor(PROMPT).expand(len(prefixes), -1), prefixes], dim=1)
     positions = torch.arange(seqs.shape[1]).expand_as(seqs)
     logits = target(seqs, positions, target.new_cache(len(seqs), seqs.shape[1])).logits
+    logits[..., list(banned)] = float("-inf")
     probs = probs_from_logits(logits[:, len(PROMPT) - 1 :], params).double()  # [P, L, V]
     joint = torch.ones(len(prefixes), V, dtype=torch.float64)
     for i in range(length - 1):
@@ -274,3 +277,50 @@ def test_empirical_acceptance_equals_sum_min_p_q(models):
     expected = float((p_first * torch.minimum(p, q).sum(-1)).sum())
     sigma = (expected * (1 - expected) / N) ** 0.5
     assert abs(rate - expected) < 4 * sigma, f"measured {rate:.4f}, expected {expected:.4f} +- {4 * sigma:.4f}"
+
+
+def likeliest_first(target) -> int:
+    cache = target.new_cache(1, len(PROMPT))
+    return int(target(torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None], cache).logits[0, -1].argmax())
+
+
+def min_tokens_samples(target, drafter, n: int, stop: int, tree: TreeShape | None = None) -> list[list[int]]:
+    """n samples at temperature 1 with `stop` as the end token and min_tokens = LENGTH, through the engine."""
+    engine = SpeculativeRunner(target, drafter, num_draft_tokens=3, tree=tree).engine(slots=1024, capacity=32)
+    generator = torch.Generator().manual_seed(4)
+    params = GenerationParams(max_tokens=LENGTH, sampling=T1, stop_token_ids=frozenset({stop}))
+    seqs = [batch.Sequence(PROMPT, params, generator=generator, min_tokens=LENGTH) for _ in range(n)]
+    for seq in seqs:
+        engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    return [s.result.tokens for s in seqs]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 2)], ids=["chain", "tree"])
+def test_min_tokens_while_speculating_follows_the_masked_target(models, tree):
+    """With min_tokens the output follows the target with its stop token masked, drafts or not (the stop token is
+    the target's likeliest first token, so the draft proposes it often); banning it in the first verified column
+    only, as a plain row does, lets it through by a wide margin."""
+    target, draft = models
+    stop = likeliest_first(target)
+    samples = min_tokens_samples(target, DraftModelDrafter(draft), N_MIXED, stop, tree)
+    assert all(len(s) == LENGTH for s in samples) and not any(stop in s for s in samples)
+    stat, p = chi_square(np.array(samples), exact_joint(target, T1, banned=(stop,)))
+    assert p > ALPHA, f"chi2 {stat:.1f}, p {p:.2e}"
+
+
+@torch.inference_mode()
+def test_min_tokens_banned_in_the_first_column_only_fails_by_a_wide_margin(models, monkeypatch):
+    target, draft = models
+    ban = batch.BatchEngine._ban_early_stops
+    monkeypatch.setattr(
+        batch.BatchEngine,
+        "_ban_early_stops",
+        lambda self, seqs, logits, ahead: ban(self, seqs, logits, ahead + (ahead > 0) * LENGTH),
+    )
+    stop = likeliest_first(target)
+    samples = min_tokens_samples(target, DraftModelDrafter(draft), N_BROKEN, stop)
+    early = sum(len(s) < LENGTH for s in samples)
+    assert early > 100, f"only {early} of {len(samples)} outputs ended before min_tokens under the broken ban"

@@ -337,6 +337,25 @@ def test_mtp_through_a_draftless_bls_is_counted_once_by_tensorrt_llm(servers):
 
 
 # An input from each group the full contract declares: one trtspec's torch models honour, one they refuse.
+@pytest.mark.parametrize("key", ["engine-mtp", "engine-medusa"])
+def test_min_tokens_holds_the_end_back_in_a_speculating_ensemble(servers, key):
+    """`trtspec bench` fixes output lengths with min_tokens: a tensorrt_llm model that drafts by itself honours it
+    (every request failed before), giving plain decoding's greedy text with the end token held back."""
+    from transformers import AutoTokenizer
+
+    from trtspec.assets import EMBEDDED_CHECKPOINTS
+
+    served, plain = servers(key), servers("engine-baseline")
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_CHECKPOINTS["tiny-target"])
+    full = generate(served, max_tokens=24)["text_output"]
+    ids = tok(full, add_special_tokens=False).input_ids
+    end = next(t for i, t in enumerate(ids) if i >= 2 and tok.encode(tok.decode([t]), add_special_tokens=False) == [t])
+    cut = generate(served, max_tokens=24, extra={"end_id": end})["text_output"]
+    held = generate(served, max_tokens=24, extra={"end_id": end, "min_tokens": 24})["text_output"]
+    assert len(cut) < len(full) and len(held) > len(cut), (full, cut, held)
+    assert held == generate(plain, max_tokens=24, extra={"end_id": end, "min_tokens": 24})["text_output"]
+
+
 REFUSED = {
     "llmapi": [("sampling_param_best_of", 2), ("sampling_param_presence_penalty", 0.5), ("image_url", "http://x")],
     "engine": [("repetition_penalty", 1.3), ("beam_width", 2), ("bad_words", ["the"]), ("lora_task_id", 3)],

@@ -167,14 +167,11 @@ def run_demo(
             out = workdir / "results" / f"{name}-vs-{baseline}"
             pair = {"A": servers[name], "B": servers[baseline]}
             model = bench_model(setups[name])
-            fixed_length = model == "tensorrt_llm"
-            # the engine flavour takes min_tokens, which trtspec's torch engine refuses beside speculation: both
-            # sides then run to the end token or max_tokens, the same length at temperature 0
             opts = BenchOptions(
                 targets={label: f"triton-grpc://localhost:{s.ports.grpc}/{model}" for label, s in pair.items()},
                 metrics_urls={label: f"http://localhost:{s.ports.metrics}/metrics" for label, s in pair.items()},
                 levels=[Load(concurrency=c) for c in LEVELS], prompts=prompts, out_dir=out,
-                num_requests=requests, warmup=2, max_tokens=48, fixed_length=fixed_length, tokenizer=tokenizer,
+                num_requests=requests, warmup=2, max_tokens=48, fixed_length=True, tokenizer=tokenizer,
                 lossless=fixed, lossless_samples=lossless_samples, lossless_tokens=LOSSLESS["tokens"],
                 lossless_prompts=LOSSLESS["prompts"], lossless_temperature=LOSSLESS["temperature"],
                 lossless_reference=workdir / "configs" / f"demo-{name}.yaml",

@@ -259,8 +259,6 @@ class TensorRTLLMModel(BatchedPythonModel):
                 f"draft_input_ids has {len(drafts)} tokens, more than this engine's max_draft_len "
                 f"{self.max_draft_len}: ask for fewer num_draft_tokens or rebuild with more"
             )
-        if min_tokens > 0 and (drafts or self.speculates):
-            raise RequestError("min_tokens with speculation is not supported by trtspec's torch engine")
         streaming = bool(scalar(request, "streaming", False))
         if streaming and not self.decoupled:
             raise RequestError("streaming requires a decoupled model (decoupled_mode True)")

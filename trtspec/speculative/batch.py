@@ -104,7 +104,7 @@ class Sequence:
     # TensorRT-LLM's draft_input_ids: verify these drafts after `prompt` in one step, no first token of its own
     drafts: list[int] | None = None
     draft_logits: torch.Tensor | None = None  # [len(drafts), V] logits they were drawn from; None: one-hot
-    min_tokens: int = 0  # stop tokens cannot be drawn before this many (plain decoding only)
+    min_tokens: int = 0  # stop tokens cannot be drawn before this many (speculating or not)
     keep_logits: bool = False  # keep each output token's logits in `logits` (plain decoding only)
     logits: list[torch.Tensor] = field(default_factory=list, repr=False)
     # the engine's bookkeeping
@@ -423,7 +423,7 @@ class BatchEngine:
         # each row then draws as often alone as beside others, so a seeded request's tokens do not depend on
         # who shares its batch
         k = int(k_rows.max())
-        plain = k_rows == 0  # rows decoding plainly this step (min_tokens, keep_logits)
+        plain = k_rows == 0  # rows decoding plainly this step (keep_logits, or K = 0)
         k_rows = torch.minimum(k_rows, remaining - 1).clamp_min(0)
         n = len(seqs)
         t0 = time.perf_counter()
@@ -448,7 +448,8 @@ class BatchEngine:
         step_tokens = step_tokens.gather(1, columns)
         positions = (old - 1)[:, None] + columns
         out = self.target(step_tokens, positions, self.cache, slots=slots, capture=self.capture)
-        logits = self._plain_column(seqs, plain, out.logits)
+        logits = self._ban_early_stops(seqs, out.logits, torch.arange(k + 1, device=self.device).expand(n, -1))
+        self._keep_plain_logits(seqs, plain, logits)
         result = sampling.verify(drafts, q, logits, num_drafts, self.verify_fn)
         if self.needs_hidden:
             self.state.target_hidden[idx[:, None], positions] = self._states(out)
@@ -475,7 +476,8 @@ class BatchEngine:
         positions, attention = verification_attention(tree, old)
         tokens = torch.cat([root, tree.tokens], 1)
         out = self.target(tokens, positions, self.cache, slots=slots, tree=attention, capture=self.capture)
-        result = verify_tree(tree, out.logits, sampling, self.tree.depth)
+        ahead = torch.cat([torch.zeros_like(tree.depths[:, :1]), tree.depths], 1)  # the root's column draws depth 1
+        result = verify_tree(tree, self._ban_early_stops(seqs, out.logits, ahead), sampling, self.tree.depth)
         compact(self.cache, slots, old, result.path, result.num_accepted)
         if self.needs_hidden:  # the root's and the accepted path's states, at the positions they now hold
             m, rows, states = result.num_accepted, torch.arange(len(seqs), device=self.device), self._states(out)
@@ -540,22 +542,34 @@ class BatchEngine:
                     q[i].scatter_(-1, drafts[i, :, None], 1.0)
         return drafts, q, num_drafts
 
-    def _plain_column(self, seqs: list[Sequence], plain: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """The step's logits [B, K+1, V], `_plain_logits` applied to the rows decoding plainly (beside drafters too)."""
-        rows = plain.nonzero().squeeze(1)
-        if not any(seqs[i].min_tokens or seqs[i].keep_logits for i in rows.tolist()):
+    def _ban_early_stops(self, seqs: list[Sequence], logits: torch.Tensor, ahead: torch.Tensor) -> torch.Tensor:
+        """The target's logits [B, W, V] with stop tokens banned in every column that draws a token before its row's
+        min_tokens; `ahead` [B, W] counts how far past the row's output so far each column draws. Masking the
+        target alone keeps speculation exact for the masked distribution: a drafted stop token then has p = 0, so
+        verification rejects it and the residual never draws it."""
+        early = [
+            (i, seq.min_tokens - int(self.produced[seq.slot]))
+            for i, seq in enumerate(seqs)
+            if seq.params.stop_token_ids and seq.min_tokens > int(self.produced[seq.slot])
+        ]
+        if not early:
             return logits
         logits = logits.clone()
-        logits[rows, 0] = self._plain_logits([seqs[i] for i in rows.tolist()], logits[rows, 0])
+        for i, short in early:
+            columns = (ahead[i] < short).nonzero()
+            stops = torch.tensor(sorted(seqs[i].params.stop_token_ids), device=self.device)
+            logits[i][columns, stops[None, :]] = float("-inf")
         return logits
 
+    def _keep_plain_logits(self, seqs: list[Sequence], plain: torch.Tensor, logits: torch.Tensor) -> None:
+        """Rows decoding plainly that asked for their logits keep column 0's of the step's [B, K+1, V]."""
+        for i in plain.nonzero().squeeze(1).tolist():
+            if seqs[i].keep_logits:
+                seqs[i].logits.append(logits[i, 0].float().clone())
+
     def _plain_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """Logits [B, V] a plain-decoding token is drawn from: stop tokens banned before min_tokens; kept if asked."""
-        if any(s.min_tokens for s in seqs):
-            logits = logits.clone()
-            for i, seq in enumerate(seqs):
-                if seq.min_tokens > int(self.produced[seq.slot]) and seq.params.stop_token_ids:
-                    logits[i, sorted(seq.params.stop_token_ids)] = float("-inf")
+        """Logits [B, V] a first token is drawn from: stop tokens banned before min_tokens; kept if asked."""
+        logits = self._ban_early_stops(seqs, logits[:, None], torch.zeros(len(seqs), 1, device=self.device))[:, 0]
         for i, seq in enumerate(seqs):
             if seq.keep_logits:
                 seq.logits.append(logits[i].float().clone())
