@@ -566,6 +566,32 @@ def deploy(config: Path, kind: str, out: Path | None, force: bool, check_only: b
         click.echo(f"  run:   docker compose -f {out / 'compose.yaml'} up --build")
 
 
+@cli.command("export-self-draft")
+@config_argument
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for the cut checkpoint (default: self-draft/NAME beside the config).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=None,
+    help="Backend the draft-target config builds on (default: the config's), served by its default flavour.",
+)
+@click.option("--force", is_flag=True, help="Replace an existing checkpoint folder or config.")
+def export_self_draft(config: Path, out: Path | None, backend: str | None, force: bool) -> None:
+    """Write a self-draft config as the draft-target config that builds and serves it (the target cut to its layers)."""
+    from trtspec.checkpoints.self_draft import export_self_draft as export
+
+    checkpoint, written = export(config, out, force, backend)
+    if checkpoint is not None:
+        click.echo(f"wrote the draft checkpoint to {checkpoint}")
+    click.echo(f"wrote {written} (mode draft-target)")
+    click.echo(f"  next: trtspec check {written}")
+
+
 def _demo_methods(value: str | None) -> tuple[str, ...]:
     """The demo's --methods: modes it has an embedded setup for (None: its default); any other is refused saying why."""
     from trtspec.demo import DEFAULT_METHODS, SPECULATIVE

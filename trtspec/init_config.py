@@ -73,7 +73,7 @@ def build_config_dict(
     if spec.needs_draft:
         data["draft"] = {"checkpoint": draft, "dtype": "auto"}
     data.update(spec.init_sections(target, hf, draft_hf))
-    flavour = {"tensorrt": "engine", "torch": spec.torch_flavour}.get(backend, "llmapi")
+    flavour, streaming = serve_defaults(mode, backend)
     data["speculation"] = {
         "mode": mode,
         **({"num_draft_tokens": spec.default_k} if spec.default_k is not None else {}),
@@ -100,10 +100,18 @@ def build_config_dict(
         "http_port": 8000,
         "grpc_port": 8001,
         "metrics_port": 8002,
-        "streaming": flavour != "engine" or spec.engine_streams,
+        "streaming": streaming,
     }
     data["deploy"] = {"image": None, "gpus_per_node": 8, "replicas": 1, "hf_token_secret": None}
     return data
+
+
+def serve_defaults(mode: str, backend: str) -> tuple[str, bool]:
+    """The flavour and streaming a mode is served with by default on a backend: compiled engines through the
+    ensemble/BLS, the LLM API's one model otherwise (on torch, the flavour TensorRT-LLM serves the mode by)."""
+    spec = get_mode(mode)
+    flavour = {"tensorrt": "engine", "torch": spec.torch_flavour}.get(backend, "llmapi")
+    return flavour, flavour != "engine" or spec.engine_streams
 
 
 def render_commented_yaml(data: dict[str, Any], prefix: str = "", indent: int = 0) -> str:

@@ -4,7 +4,8 @@ own weights in int8 (a quantized self-draft). Nothing to train and no second che
 TensorRT-LLM has no mode of this name: the same draft is a draft-target pair whose draft checkpoint is
 the target cut to those layers (a Llama checkpoint with fewer `num_hidden_layers`), or the target built
 with `--use_weight_only --weight_only_precision int8` as the draft engine. In trtspec it is a torch-runner
-method (generate, plan, bench), not built or served on backend torch.
+method (generate, plan, bench); `trtspec export-self-draft` writes that draft-target config (and the cut
+checkpoint) to build and serve (trtspec.checkpoints.self_draft).
 """
 
 from __future__ import annotations
@@ -67,19 +68,15 @@ class SelfDraft(SpecMode):
 
     def torch_deploy_refusal(self, cfg: DeploymentConfig) -> str | None:
         return (
-            "mode self-draft runs in trtspec's torch runner (generate, plan, bench) and is not built or served on "
-            "backend torch: to deploy it, use draft-target with the target cut to those layers as the draft"
+            "mode self-draft runs in trtspec's torch runner (generate, plan, bench) and is not built or served: "
+            "`trtspec export-self-draft CONFIG` writes it as a draft-target config (the target cut to its layers "
+            "as the draft checkpoint), which builds and serves on every backend"
         )
 
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
-        from trtspec.errors import UsageError
         from trtspec.speculative.drafters import DraftModelDrafter
-        from trtspec.speculative.self_draft import default_layers, layers_problem, self_draft_model
+        from trtspec.speculative.self_draft import resolve_layers, self_draft_model
 
         weights = settings.get("weights") or "same"
-        layers = settings.get("layers")
-        if layers is None:
-            layers = default_layers(target.dims.num_layers) if weights == "same" else range(target.dims.num_layers)
-        if problem := layers_problem(list(layers), target.dims.num_layers, weights):
-            raise UsageError(f"self_draft.layers {problem}")
-        return DraftModelDrafter(self_draft_model(target, list(layers), weights))
+        layers = resolve_layers(settings.get("layers"), weights, target.dims.num_layers)
+        return DraftModelDrafter(self_draft_model(target, layers, weights))

@@ -86,6 +86,17 @@ def layers_problem(layers: Sequence[int], num_layers: int, weights: str) -> str 
     return None
 
 
+def resolve_layers(layers: Sequence[int] | None, weights: str, num_layers: int) -> list[int]:
+    """The layers a self-draft runs: as set, else the first half (every layer with int8); refused in one line."""
+    from trtspec.errors import UsageError
+
+    if layers is None:
+        layers = default_layers(num_layers) if weights == "same" else range(num_layers)
+    if problem := layers_problem(list(layers), num_layers, weights):
+        raise UsageError(f"self_draft.layers {problem}")
+    return list(layers)
+
+
 def self_draft_model(target: Transformer, layers: Sequence[int], weights: str = "same") -> Transformer:
     """A Transformer over `layers` of `target` that shares its tensors (copies them as int8 with `weights`)."""
     dims = replace(target.dims, num_layers=len(layers), num_mtp_layers=0)
