@@ -146,7 +146,9 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     # auto is left out: plan picks its K, and the demo runs each mode at a fixed K and adaptively
     servable = {m.name for m in REGISTRY.values() if m.torch_deploys and m.speculates() and m.name != "auto"}
     servable &= {m.name for m in REGISTRY.values() if m.row("torch").exists}
-    assert set(demo.SPECULATIVE) == servable  # a mode the engine gains needs a demo setup, and the demo no other
+    # a mode the engine gains needs a demo setup, and the demo no other; beside the modes, a setting of one
+    assert {setup["speculation"]["mode"] for setup in demo.SPECULATIVE.values()} == servable
+    assert set(demo.SPECULATIVE) - servable == {"draft-target-cascade"}
 
     ran = []
     monkeypatch.setattr(demo, "run_demo", lambda out, console, *args: ran.append(args) or 0)
@@ -173,7 +175,9 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     assert cfgs["ngram-fixed"].mode == "ngram" and cfgs["ngram-adaptive"].speculation.policy == "adaptive"
     assert len({c.serve.grpc_port for c in cfgs.values()}) == 3
     every = demo.write_configs(tmp_path / "all", tuple(demo.SPECULATIVE))  # each setup is a valid deployment
-    assert {load_config(path).mode for path in every.values()} == {"none", *demo.SPECULATIVE}
+    assert {load_config(path).mode for path in every.values()} == {"none", *servable}
+    cascade = load_config(every["draft-target-cascade-fixed"])  # served by the llmapi flavour, which reads it
+    assert cascade.draft_target.cascade == "ngram" and cascade.serve.flavour == "llmapi"
     # a method the engine flavour serves (lookahead) is benched against plain decoding served the same way
     loaded = {name: load_config(path) for name, path in every.items()}
     assert {n: c.serve.flavour for n, c in loaded.items() if c.mode == "none"} == {

@@ -620,7 +620,8 @@ def _demo_methods(value: str | None) -> tuple[str, ...]:
 @click.option(
     "--methods",
     callback=lambda _ctx, _param, value: _demo_methods(value),
-    help="Speculative modes to serve and bench against the baseline, comma-separated (default: draft-target,mtp).",
+    help="Methods to serve and bench against the baseline, comma-separated: speculative modes, and "
+    "draft-target-cascade (default: draft-target,mtp).",
 )
 def demo(out: Path, requests: int, lossless_samples: int | None, methods: tuple[str, ...]) -> None:
     """Build, serve and A/B-bench the embedded pair (by default baseline, draft-target, MTP) with the lossless check."""

@@ -1,7 +1,8 @@
 """`trtspec demo`: the whole product on the embedded pair, on this machine, in a few minutes.
 
 It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour; `--methods` picks
-among the modes a torch engine serves, n-gram, EAGLE-3, Medusa and lookahead too), each
+among the modes a torch engine serves, n-gram, EAGLE-3, Medusa and lookahead too, and the draft model's n-gram
+cascade), each
 speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch; once, fixed,
 where the mode's settings fix its tree: Medusa's choices, lookahead's W, N, G), serves
 each on its own real tritonserver, and benches each against a baseline of its own flavour over gRPC
@@ -51,6 +52,13 @@ SPECULATIVE = {
         "medusa": {"num_heads": 2, "choices": [[0], [1], [0, 0], [0, 1], [1, 0]]},
         "speculation": {"mode": "medusa"},
     },
+    # the draft model's drafts sped up by n-gram guesses (a setting of draft-target, not a mode): served by
+    # trtspec's llmapi model, which reads it from model.yaml's own trtspec section; K=3 as benchmarks/speculative.py
+    "draft-target-cascade": {
+        "draft": {"checkpoint": "embedded:tiny-draft", "dtype": "float32"},
+        "draft_target": {"cascade": "ngram"},
+        "speculation": {"mode": "draft-target", "num_draft_tokens": 3},
+    },
     # (3, 2, 1): the README's measured lookahead row; the engine flavour, as TensorRT-LLM serves lookahead
     "lookahead": {
         "lookahead": {"window_size": 3, "ngram_size": 2, "verification_set_size": 1},
@@ -68,10 +76,11 @@ def flavour(setup: dict) -> str:
     return setup.get("serve", {}).get("flavour") or get_mode(mode).torch_flavour
 
 
-def policies(mode: str) -> tuple[str, ...]:
+def policies(method: str) -> tuple[str, ...]:
     """Fixed, and adaptive where K is the mode's to choose: not for a tree its own settings fix."""
-    spec = get_mode(mode)
-    own = spec.runner_tree(SPECULATIVE[mode].get(spec.section or "", {})) is not None
+    setup = SPECULATIVE[method]
+    spec = get_mode(setup["speculation"]["mode"])
+    own = spec.runner_tree(setup.get(spec.section or "", {})) is not None
     return ("fixed",) if own else POLICIES
 
 
