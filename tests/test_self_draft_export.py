@@ -103,6 +103,16 @@ def test_nothing_written_is_lost_without_force(target_path, tmp_path):
     assert marker.exists() and not (tmp_path / "tiny-draft-target.yaml").exists()
     assert export(config, "--force").exit_code == 0
     assert not marker.exists() and (tmp_path / "tiny-draft-target.yaml").exists()
+    # --force replaces a checkpoint folder, never another folder, a file, the target or the config's folder
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    (tmp_path / "file").write_text("mine")
+    assert export(config, "--force", "--out", str(tmp_path / "file")).exit_code == 2  # click: "is a file"
+    for out in (tmp_path / "mine", tmp_path, target_path, target_path.parent):
+        refused = export(config, "--force", "--out", str(out))
+        assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
+    assert (tmp_path / "mine" / "notes.txt").read_text() == (tmp_path / "file").read_text() == "mine"
+    assert (target_path / "config.json").exists() and config.exists()
 
 
 @pytest.mark.parametrize(

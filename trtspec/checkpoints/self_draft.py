@@ -52,6 +52,9 @@ def cut_checkpoint(target: Path, layers: list[int], out: Path) -> None:
             weights[name] = tensor  # embedding, final norm, head
         elif int(m.group(1)) in keep:  # MTP layers sit past num_hidden_layers: never kept
             weights[f"model.layers.{keep[int(m.group(1))]}.{m.group(2)}"] = tensor
+    found = {int(m.group(1)) for name in weights if (m := _LAYER.match(name))}
+    if found != set(range(len(layers))):
+        raise UsageError(f"{target}: no weights under model.layers.N for layers {sorted(set(keep) - set(found))}")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -107,11 +110,12 @@ def export_self_draft(
             )
         draft["quantization"] = INT8_QUANTIZATION
     else:
-        num_layers = int(read_hf_config(target)["num_hidden_layers"])
+        num_layers = read_hf_config(target).get("num_hidden_layers")
+        if not isinstance(num_layers, int):
+            raise UsageError(f"{target}/config.json: no integer num_hidden_layers to cut")
         layers = resolve_layers(settings.get("layers"), weights, num_layers)
         checkpoint = out or config.parent / "self-draft" / cfg.name
-        if checkpoint.exists() and not force:
-            raise UsageError(f"{shorten(checkpoint)}: already exists (use --force to replace it)")
+        refuse_replacing(checkpoint, force, [target, config])
         draft["checkpoint"] = _reference(checkpoint, cfg.base_dir)
     data = draft_target_data(yaml.safe_load(config.read_text(encoding="utf-8")), draft, backend)
     # refused here, before anything is written (the target stands in for the draft checkpoint not yet there)
@@ -123,6 +127,20 @@ def export_self_draft(
         header = f"# written by trtspec export-self-draft from {config.name}: its self-draft as a draft-target pair\n"
         atomic_write_text(config_out, header + yaml.safe_dump(data, sort_keys=False))
     return checkpoint, config_out
+
+
+def refuse_replacing(folder: Path, force: bool, keep: list[Path]) -> None:
+    """The checkpoint folder may replace only a checkpoint folder, and only with --force: never a file, another
+    folder (`--out .`), the target or a folder holding it or the config."""
+    resolved = folder.resolve()
+    if any(resolved == p.resolve() or resolved in p.resolve().parents for p in keep):
+        raise UsageError(f"{shorten(folder)}: holds the target or the config; name a folder of its own (--out)")
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if not folder.is_dir() or not (folder / "config.json").is_file():
+        raise UsageError(f"{shorten(folder)}: exists and is not a checkpoint folder; name another (--out)")
+    if not force:
+        raise UsageError(f"{shorten(folder)}: already exists (use --force to replace it)")
 
 
 def _reference(path: Path, base: Path) -> str:
