@@ -147,13 +147,14 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     servable = {m.name for m in REGISTRY.values() if m.torch_deploys and m.speculates() and m.name != "auto"}
     servable &= {m.name for m in REGISTRY.values() if m.row("torch").exists}
     # a mode the engine gains needs a demo setup, and the demo no other; beside the modes, a setting of one
-    assert {setup["speculation"]["mode"] for setup in demo.SPECULATIVE.values()} == servable
-    assert set(demo.SPECULATIVE) - servable == {"draft-target-cascade"}
+    # and the self-draft, which is served as the draft-target pair export-self-draft writes
+    assert {setup["speculation"]["mode"] for setup in demo.SPECULATIVE.values()} == servable | {"self-draft"}
+    assert set(demo.SPECULATIVE) - servable == {"draft-target-cascade", "self-draft"}
 
     ran = []
     monkeypatch.setattr(demo, "run_demo", lambda out, console, *args: ran.append(args) or 0)
-    result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d"), "--methods", "self-draft"])
-    assert result.exit_code == 2 and "self-draft" in result.output and "not built or served" in result.output
+    result = runner.invoke(cli, ["demo", "--out", str(tmp_path / "d"), "--methods", "auto"])
+    assert result.exit_code == 2 and "auto" in result.output and "the demo serves" in result.output
     assert "Traceback" not in result.output and not ran
     for mode in REGISTRY.values():  # every mode the engine lacks is refused in a line, none crashes the option
         if mode.name not in demo.SPECULATIVE:
@@ -178,6 +179,11 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     assert {load_config(path).mode for path in every.values()} == {"none", *servable}
     cascade = load_config(every["draft-target-cascade-fixed"])  # served by the llmapi flavour, which reads it
     assert cascade.draft_target.cascade == "ngram" and cascade.serve.flavour == "llmapi"
+    self_draft = load_config(every["self-draft-adaptive"])  # the embedded target cut to its first layer
+    assert self_draft.mode == "draft-target" and self_draft.speculation.policy == "adaptive"
+    assert (
+        json.loads((self_draft.checkpoint_path(self_draft.draft) / "config.json").read_text())["num_hidden_layers"] == 1
+    )
     # a method the engine flavour serves (lookahead) is benched against plain decoding served the same way
     loaded = {name: load_config(path) for name, path in every.items()}
     assert {n: c.serve.flavour for n, c in loaded.items() if c.mode == "none"} == {

@@ -1,8 +1,8 @@
 """`trtspec demo`: the whole product on the embedded pair, on this machine, in a few minutes.
 
 It builds the baseline, draft-target and MTP repositories (torch backend, llmapi flavour; `--methods` picks
-among the modes a torch engine serves, n-gram, EAGLE-3, Medusa and lookahead too, and the draft model's n-gram
-cascade), each
+among the modes a torch engine serves, n-gram, EAGLE-3, Medusa and lookahead too, the draft model's n-gram
+cascade, and the first-layer self-draft served as the draft-target pair that deploys it), each
 speculative mode twice (a fixed K, and the adaptive policy that picks K per running batch; once, fixed,
 where the mode's settings fix its tree: Medusa's choices, lookahead's W, N, G), serves
 each on its own real tritonserver, and benches each against a baseline of its own flavour over gRPC
@@ -59,6 +59,9 @@ SPECULATIVE = {
         "draft_target": {"cascade": "ngram"},
         "speculation": {"mode": "draft-target", "num_draft_tokens": 3},
     },
+    # the target's first layer drafting for it (the README's self-draft row), served as TensorRT-LLM would serve
+    # it: a draft-target pair whose draft is the target cut to that layer (written as export-self-draft does)
+    "self-draft": {"self_draft": {"layers": [0]}, "speculation": {"mode": "self-draft", "num_draft_tokens": 1}},
     # (3, 2, 1): the README's measured lookahead row; the engine flavour, as TensorRT-LLM serves lookahead
     "lookahead": {
         "lookahead": {"window_size": 3, "ngram_size": 2, "verification_set_size": 1},
@@ -124,11 +127,22 @@ def write_configs(workdir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> 
         ports = {f"{k}_port": ports_left.pop() for k in ("http", "grpc", "metrics")}
         data["serve"] = {**COMMON["serve"], **extra.get("serve", {}), "repository": str(workdir / "model_repository")}
         data["serve"].update(ports)
+        if data["speculation"]["mode"] == "self-draft":
+            data = served_self_draft(data, workdir / "self-draft")
         path = workdir / "configs" / f"demo-{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         paths[name] = path
     return paths
+
+
+def served_self_draft(data: dict, folder: Path) -> dict:
+    """A self-draft setup as the draft-target config that serves it, its draft the embedded target cut to its layers."""
+    from trtspec.checkpoints.self_draft import cut_checkpoint, draft_target_data
+
+    if not folder.exists():
+        cut_checkpoint(ASSETS_DIR / "tiny-target", data["self_draft"]["layers"], folder)
+    return draft_target_data(data, {"checkpoint": str(folder), "dtype": "float32"}, None)
 
 
 # The lossless check's size: on the embedded draft-target pair one context of 1,000 samples catches
