@@ -291,6 +291,21 @@ def test_min_tokens_holds_the_end_back_while_speculating(pair, mode):
     assert got.tokens == want.tokens
 
 
+def test_given_drafts_holding_the_end_token_early_are_rejected_under_min_tokens(pair):
+    """The engine flavour's target call with drafts: a drafted end token before min_tokens is rejected, and the
+    token drawn in its place is plain decoding's under the same min_tokens."""
+    target, _ = pair
+    engine = SpeculativeRunner(target, max_len=64).engine(slots=2, capacity=64)
+    first = run(engine, Sequence([3, 4, 5], GenerationParams(max_tokens=6))).result.tokens
+    stop = frozenset({first[1]})
+    held = run(engine, Sequence([3, 4, 5], GenerationParams(max_tokens=6, stop_token_ids=stop), min_tokens=4))
+    params = GenerationParams(max_tokens=4, stop_token_ids=stop)
+    ended = run(engine, Sequence([3, 4, 5], params, drafts=first[:3])).result
+    assert ended.tokens == first[:2] and ended.finish_reason == "stop"  # without min_tokens the drafts end it
+    got = run(engine, Sequence([3, 4, 5], params, drafts=first[:3], min_tokens=4)).result
+    assert got.stats.accepted_tokens == 1 and got.tokens == held.result.tokens[:2]
+
+
 def test_a_plain_row_beside_given_drafts_keeps_to_its_room_and_its_min_tokens(pair):
     """A row with fewer drafts than the batch's widest writes no further than it reserved, and a plain row
     keeps min_tokens and its logits though a row beside it verifies drafts."""

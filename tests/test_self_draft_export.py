@@ -59,6 +59,7 @@ def test_the_cut_checkpoint_is_the_runners_self_draft(target_path, tmp_path):
     cut_checkpoint(target_path, [0, 2], tmp_path / "cut")
     hf = json.loads((tmp_path / "cut" / "config.json").read_text())
     assert hf["num_hidden_layers"] == 2 and "num_nextn_predict_layers" not in hf
+    assert json.loads((tmp_path / "cut" / "trtspec-self-draft.json").read_text())["layers"] == [0, 2]
     assert hf["layer_types"] == ["full_attention", "full_attention"]  # layers 0 and 2's entries
     cut, target = load_transformer(tmp_path / "cut"), load_transformer(target_path)
     expected = self_draft_model(target, [0, 2])
@@ -104,8 +105,9 @@ def test_nothing_written_is_lost_without_force(target_path, tmp_path):
     assert export(config, "--force").exit_code == 0
     assert not marker.exists() and (tmp_path / "tiny-draft-target.yaml").exists()
     # --force replaces a checkpoint folder, never another folder, a file, the target or the config's folder
-    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine").mkdir()  # a checkpoint of the user's own: not a cut this command wrote
     (tmp_path / "mine" / "notes.txt").write_text("mine")
+    (tmp_path / "mine" / "config.json").write_text("{}")
     (tmp_path / "file").write_text("mine")
     assert export(config, "--force", "--out", str(tmp_path / "file")).exit_code == 2  # click: "is a file"
     for out in (tmp_path / "mine", tmp_path, target_path, target_path.parent):
@@ -148,6 +150,14 @@ def test_the_int8_self_draft_exports_as_the_target_built_weight_only(target_path
     assert exported.draft.checkpoint == str(target_path) and exported.draft.quantization == "int8_weight_only"
     assert (exported.build.backend, exported.serve.flavour) == ("tensorrt", "engine")
     assert not (tmp_path / "self-draft").exists()  # no checkpoint to cut
+
+
+def test_an_int8_self_draft_of_some_layers_exports_their_cut_built_weight_only(target_path, tmp_path):
+    config = write_config(tmp_path, target_path, {"weights": "int8", "layers": [0, 1]})
+    assert export(config, "--backend", "tensorrt").exit_code == 0
+    exported = load_config(tmp_path / "tiny-draft-target.yaml")
+    assert exported.draft.checkpoint == "./self-draft/tiny" and exported.draft.quantization == "int8_weight_only"
+    assert json.loads((tmp_path / "self-draft" / "tiny" / "config.json").read_text())["num_hidden_layers"] == 2
 
 
 @pytest.mark.parametrize("backend,flavour", [("tensorrt", "engine"), ("pytorch", "llmapi")])

@@ -336,7 +336,6 @@ def test_mtp_through_a_draftless_bls_is_counted_once_by_tensorrt_llm(servers):
     assert everyone.requests == 1  # nothing recorded under the BLS's name
 
 
-# An input from each group the full contract declares: one trtspec's torch models honour, one they refuse.
 @pytest.mark.parametrize("key", ["engine-mtp", "engine-medusa"])
 def test_min_tokens_holds_the_end_back_in_a_speculating_ensemble(servers, key):
     """`trtspec bench` fixes output lengths with min_tokens: a tensorrt_llm model that drafts by itself honours it
@@ -356,6 +355,7 @@ def test_min_tokens_holds_the_end_back_in_a_speculating_ensemble(servers, key):
     assert held == generate(plain, max_tokens=24, extra={"end_id": end, "min_tokens": 24})["text_output"]
 
 
+# An input from each group the full contract declares: one trtspec's torch models honour, one they refuse.
 REFUSED = {
     "llmapi": [("sampling_param_best_of", 2), ("sampling_param_presence_penalty", 0.5), ("image_url", "http://x")],
     "engine": [("repetition_penalty", 1.3), ("beam_width", 2), ("bad_words", ["the"]), ("lora_task_id", 3)],

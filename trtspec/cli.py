@@ -593,7 +593,8 @@ def export_self_draft(config: Path, out: Path | None, backend: str | None, force
 
 
 def _demo_methods(value: str | None) -> tuple[str, ...]:
-    """The demo's --methods: modes it has an embedded setup for (None: its default); any other is refused saying why."""
+    """The demo's --methods: the methods it has an embedded setup for (None: its default); any other is refused
+    saying why."""
     from trtspec.demo import DEFAULT_METHODS, SPECULATIVE
 
     if value is None:
@@ -620,8 +621,8 @@ def _demo_methods(value: str | None) -> tuple[str, ...]:
 @click.option(
     "--methods",
     callback=lambda _ctx, _param, value: _demo_methods(value),
-    help="Methods to serve and bench against the baseline, comma-separated: speculative modes, and "
-    "draft-target-cascade (default: draft-target,mtp).",
+    help="Methods to serve and bench against the baseline, comma-separated: speculative modes, "
+    "draft-target-cascade and self-draft (default: draft-target,mtp).",
 )
 def demo(out: Path, requests: int, lossless_samples: int | None, methods: tuple[str, ...]) -> None:
     """Build, serve and A/B-bench the embedded pair (by default baseline, draft-target, MTP) with the lossless check."""

@@ -136,13 +136,16 @@ def write_configs(workdir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> 
     return paths
 
 
-def served_self_draft(data: dict, folder: Path) -> dict:
-    """A self-draft setup as the draft-target config that serves it, its draft the embedded target cut to its layers."""
+def served_self_draft(data: dict, root: Path) -> dict:
+    """A self-draft setup as the draft-target config that serves it, its draft the target cut to its layers."""
     from trtspec.checkpoints.self_draft import cut_checkpoint, draft_target_data
+    from trtspec.config import resolve_checkpoint
 
-    if not folder.exists():
-        cut_checkpoint(ASSETS_DIR / "tiny-target", data["self_draft"]["layers"], folder)
-    return draft_target_data(data, {"checkpoint": str(folder), "dtype": "float32"}, None)
+    layers = data["self_draft"]["layers"]
+    folder = root / ("layers-" + "-".join(map(str, layers)))
+    if not folder.exists():  # the same layers of the same embedded target: cut once per demo folder
+        cut_checkpoint(resolve_checkpoint(data["target"]["checkpoint"], root), layers, folder)
+    return draft_target_data(data, {**data["target"], "checkpoint": str(folder)}, None)
 
 
 # The lossless check's size: on the embedded draft-target pair one context of 1,000 samples catches

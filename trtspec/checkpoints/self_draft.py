@@ -4,7 +4,8 @@ TensorRT-LLM has no self-speculation mode; the same draft is a draft-target pair
 checkpoint of the target's family with fewer `num_hidden_layers`: the embedding, the chosen layers
 (renumbered from 0), the final norm and the head. That checkpoint goes through every backend's
 draft-target path (convert_checkpoint.py, the LLM API's DraftTarget, trtspec's torch engine) unchanged.
-The quantized self-draft needs no new checkpoint: its draft is the target itself, built weight-only int8.
+The quantized self-draft is the target (or that cut) built weight-only int8 as the draft: over every layer, no
+new checkpoint at all.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 INT8_QUANTIZATION = "int8_weight_only"  # TensorRT-LLM's --use_weight_only --weight_only_precision int8
 
 
+PER_LAYER_KEYS = ("layer_types",)  # config.json lists with one entry per decoder layer (Qwen3, Gemma)
+MARKER = "trtspec-self-draft.json"  # says a folder is a cut this command wrote, so --force may replace it
+
+
 def cut_config(hf: dict[str, Any], layers: list[int]) -> dict[str, Any]:
-    """The target's config.json for a model of `layers` only: per-layer lists (Qwen3's `layer_types`, say) keep
-    those layers' entries, and no multi-token-prediction layers follow."""
-    n = int(hf["num_hidden_layers"])
-    out = {k: [v[i] for i in layers] if isinstance(v, list) and len(v) == n and k != "architectures" else v
-           for k, v in hf.items()}  # fmt: skip
+    """The target's config.json for a model of `layers` only: per-layer lists keep those layers' entries, and no
+    multi-token-prediction layers follow."""
+    out = {k: [v[i] for i in layers] if k in PER_LAYER_KEYS and isinstance(v, list) else v for k, v in hf.items()}
     out["num_hidden_layers"] = len(layers)
     out.pop("num_nextn_predict_layers", None)
     return out
@@ -53,8 +56,8 @@ def cut_checkpoint(target: Path, layers: list[int], out: Path) -> None:
         elif int(m.group(1)) in keep:  # MTP layers sit past num_hidden_layers: never kept
             weights[f"model.layers.{keep[int(m.group(1))]}.{m.group(2)}"] = tensor
     found = {int(m.group(1)) for name in weights if (m := _LAYER.match(name))}
-    if found != set(range(len(layers))):
-        raise UsageError(f"{target}: no weights under model.layers.N for layers {sorted(set(keep) - set(found))}")
+    if missing := [old for old, new in keep.items() if new not in found]:
+        raise UsageError(f"{target}: no weights under model.layers.N for layers {missing}")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -63,6 +66,7 @@ def cut_checkpoint(target: Path, layers: list[int], out: Path) -> None:
         for name in (*COPIED, *COPIED_GLOBS):
             if name != "config.json" and (target / name).is_file():
                 shutil.copy2(target / name, staging / name)
+        (staging / MARKER).write_text(json.dumps({"target": str(target), "layers": layers}), encoding="utf-8")
         replace_dir(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -101,7 +105,6 @@ def export_self_draft(
     config_out = config.with_name(f"{config.stem}-draft-target.yaml")
     refuse_overwrite(config_out, force)
     draft: dict[str, Any] = {"checkpoint": cfg.target.checkpoint, "dtype": cfg.target.dtype}
-    checkpoint = None
     if weights == "int8":
         if (backend or cfg.build.backend) != "tensorrt":
             raise UsageError(
@@ -109,11 +112,12 @@ def export_self_draft(
                 f"{INT8_QUANTIZATION}), which only backend tensorrt builds: pass --backend tensorrt"
             )
         draft["quantization"] = INT8_QUANTIZATION
-    else:
-        num_layers = read_hf_config(target).get("num_hidden_layers")
-        if not isinstance(num_layers, int):
-            raise UsageError(f"{target}/config.json: no integer num_hidden_layers to cut")
-        layers = resolve_layers(settings.get("layers"), weights, num_layers)
+    num_layers = read_hf_config(target).get("num_hidden_layers")
+    if not isinstance(num_layers, int):
+        raise UsageError(f"{target}/config.json: no integer num_hidden_layers")
+    layers = resolve_layers(settings.get("layers"), weights, num_layers)
+    checkpoint = None  # every layer (int8): the draft is the target itself, nothing to cut
+    if len(layers) < num_layers:
         checkpoint = out or config.parent / "self-draft" / cfg.name
         refuse_replacing(checkpoint, force, [target, config])
         draft["checkpoint"] = _reference(checkpoint, cfg.base_dir)
@@ -130,15 +134,15 @@ def export_self_draft(
 
 
 def refuse_replacing(folder: Path, force: bool, keep: list[Path]) -> None:
-    """The checkpoint folder may replace only a checkpoint folder, and only with --force: never a file, another
-    folder (`--out .`), the target or a folder holding it or the config."""
+    """The checkpoint folder may replace only a cut this command wrote (its marker file), and only with --force:
+    never a file, another folder or checkpoint (`--out .`), the target or a folder holding it or the config."""
     resolved = folder.resolve()
     if any(resolved == p.resolve() or resolved in p.resolve().parents for p in keep):
         raise UsageError(f"{shorten(folder)}: holds the target or the config; name a folder of its own (--out)")
     if not folder.exists() and not folder.is_symlink():
         return
-    if not folder.is_dir() or not (folder / "config.json").is_file():
-        raise UsageError(f"{shorten(folder)}: exists and is not a checkpoint folder; name another (--out)")
+    if not folder.is_dir() or not (folder / MARKER).is_file():
+        raise UsageError(f"{shorten(folder)}: exists and is not a cut export-self-draft wrote; name another (--out)")
     if not force:
         raise UsageError(f"{shorten(folder)}: already exists (use --force to replace it)")
 

@@ -23,7 +23,10 @@ if TYPE_CHECKING:
     from trtspec.speculative.drafters import Drafter
     from trtspec.speculative.model import Transformer
 
-NOT_A_MODE = "no mode of its own: a draft-target pair whose draft is the target's layers (or its int8 engine)"
+NOT_A_MODE = (
+    "no mode of its own: a draft-target pair whose draft is the target's layers (or its int8 engine), "
+    "as trtspec export-self-draft writes it"
+)
 
 
 class SelfDraftSection(Section):
@@ -56,7 +59,8 @@ class SelfDraft(SpecMode):
             None,
             None,
             TORCH_RUNNER_FAMILIES,
-            note="trtspec runner only (generate, plan, bench): the target's first layers, or its int8 copy",
+            note="trtspec runner (generate, plan, bench): the target's first layers, or its int8 copy; deployed as "
+            "draft-target (trtspec export-self-draft)",
         ),
     )
     in_target: ClassVar[bool] = True

@@ -550,7 +550,7 @@ class BLSModel(PythonModel):
             model, target_name = self.to_models[name]
             forwarded[model][target_name] = pb_utils.get_input_tensor_by_name(request, name).as_numpy()
         if k > 0 and "min_tokens" in forwarded["tensorrt_llm"]:
-            raise RequestError("min_tokens with speculation is not supported by trtspec's torch engine")
+            raise RequestError("min_tokens beside num_draft_tokens is refused by the BLS model (NVIDIA's overrides it)")
         for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
             if bool(scalar(request, name, False)):  # NVIDIA's BLS documents these as unsupported too
                 raise RequestError(f"{name} is not supported by the BLS model")

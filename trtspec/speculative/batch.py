@@ -547,18 +547,22 @@ class BatchEngine:
         min_tokens; `ahead` [B, W] counts how far past the row's output so far each column draws. Masking the
         target alone keeps speculation exact for the masked distribution: a drafted stop token then has p = 0, so
         verification rejects it and the residual never draws it."""
+        vocab = logits.shape[-1]
+        asked = [i for i, seq in enumerate(seqs) if seq.min_tokens and seq.params.stop_token_ids]
+        if not asked:  # no device read for the usual row
+            return logits
+        produced = self.produced[[seqs[i].slot for i in asked]].tolist()
         early = [
-            (i, seq.min_tokens - int(self.produced[seq.slot]))
-            for i, seq in enumerate(seqs)
-            if seq.params.stop_token_ids and seq.min_tokens > int(self.produced[seq.slot])
+            (i, seqs[i].min_tokens - done) for i, done in zip(asked, produced, strict=True) if seqs[i].min_tokens > done
         ]
         if not early:
             return logits
         logits = logits.clone()
         for i, short in early:
             columns = (ahead[i] < short).nonzero()
-            stops = torch.tensor(sorted(seqs[i].params.stop_token_ids), device=self.device)
-            logits[i][columns, stops[None, :]] = float("-inf")
+            # an end id outside the vocabulary can never be drawn: nothing to ban
+            stops = [t for t in sorted(seqs[i].params.stop_token_ids) if 0 <= t < vocab]
+            logits[i][columns, torch.tensor(stops, dtype=torch.long, device=self.device)[None, :]] = float("-inf")
         return logits
 
     def _keep_plain_logits(self, seqs: list[Sequence], plain: torch.Tensor, logits: torch.Tensor) -> None:
