@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -184,6 +185,9 @@ def test_demo_methods_are_the_servable_modes_and_others_are_refused_saying_why(r
     assert (
         json.loads((self_draft.checkpoint_path(self_draft.draft) / "config.json").read_text())["num_hidden_layers"] == 1
     )
+    monkeypatch.chdir(tmp_path)  # the demo's default --out is relative: the cut is still found from its config
+    relative = load_config(demo.write_configs(Path("rel"), ("self-draft",))["self-draft-fixed"])
+    assert relative.checkpoint_path(relative.draft) == (tmp_path / "rel" / "self-draft" / "layers-0").resolve()
     # a method the engine flavour serves (lookahead) is benched against plain decoding served the same way
     loaded = {name: load_config(path) for name, path in every.items()}
     assert {n: c.serve.flavour for n, c in loaded.items() if c.mode == "none"} == {

@@ -128,7 +128,7 @@ def write_configs(workdir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> 
         data["serve"] = {**COMMON["serve"], **extra.get("serve", {}), "repository": str(workdir / "model_repository")}
         data["serve"].update(ports)
         if data["speculation"]["mode"] == "self-draft":
-            data = served_self_draft(data, workdir / "self-draft")
+            data = served_self_draft(data, workdir)
         path = workdir / "configs" / f"demo-{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -136,15 +136,16 @@ def write_configs(workdir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> 
     return paths
 
 
-def served_self_draft(data: dict, root: Path) -> dict:
-    """A self-draft setup as the draft-target config that serves it, its draft the target cut to its layers."""
+def served_self_draft(data: dict, workdir: Path) -> dict:
+    """A self-draft setup as the draft-target config that serves it, its draft the target cut to its layers (an
+    absolute path: the config in workdir/configs resolves relative ones from there)."""
     from trtspec.checkpoints.self_draft import cut_checkpoint, draft_target_data
     from trtspec.config import resolve_checkpoint
 
     layers = data["self_draft"]["layers"]
-    folder = root / ("layers-" + "-".join(map(str, layers)))
+    folder = (workdir / "self-draft" / ("layers-" + "-".join(map(str, layers)))).resolve()
     if not folder.exists():  # the same layers of the same embedded target: cut once per demo folder
-        cut_checkpoint(resolve_checkpoint(data["target"]["checkpoint"], root), layers, folder)
+        cut_checkpoint(resolve_checkpoint(data["target"]["checkpoint"], workdir / "configs"), layers, folder)
     return draft_target_data(data, {**data["target"], "checkpoint": str(folder)}, None)
 
 

@@ -108,7 +108,7 @@ def export_self_draft(
     if weights == "int8":
         if (backend or cfg.build.backend) != "tensorrt":
             raise UsageError(
-                f"self_draft.weights int8 deploys as the target built weight-only int8 (draft.quantization "
+                f"self_draft.weights int8 deploys as its layers built weight-only int8 (draft.quantization "
                 f"{INT8_QUANTIZATION}), which only backend tensorrt builds: pass --backend tensorrt"
             )
         draft["quantization"] = INT8_QUANTIZATION
@@ -142,7 +142,9 @@ def refuse_replacing(folder: Path, force: bool, keep: list[Path]) -> None:
     if not folder.exists() and not folder.is_symlink():
         return
     if not folder.is_dir() or not (folder / MARKER).is_file():
-        raise UsageError(f"{shorten(folder)}: exists and is not a cut export-self-draft wrote; name another (--out)")
+        raise UsageError(
+            f"{shorten(folder)}: exists and is not a cut export-self-draft wrote; remove it or name another (--out)"
+        )
     if not force:
         raise UsageError(f"{shorten(folder)}: already exists (use --force to replace it)")
 
