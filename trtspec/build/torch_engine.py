@@ -47,9 +47,7 @@ def write_torch_engine(
     # one file keeps its name: a head's loader reads its layout by name (Medusa's medusa_lm_head.safetensors)
     files = sorted(checkpoint.glob("*.safetensors"))
     save_weights(weights, out / (files[0].name if len(files) == 1 else "model.safetensors"))
-    for name in (*COPIED, *COPIED_GLOBS):
-        if (checkpoint / name).is_file():
-            shutil.copy2(checkpoint / name, out / name)
+    copy_side_files(checkpoint, out)
     engine = {
         "version": f"trtspec-{__version__}",
         "backend": "torch",
@@ -68,6 +66,13 @@ def write_torch_engine(
     else:
         warm_up(out, dtype, build["max_seq_len"])
     return engine
+
+
+def copy_side_files(checkpoint: Path, out: Path) -> None:
+    """The checkpoint's config, generation settings and tokenizer files, beside weights written elsewhere."""
+    for name in (*COPIED, *COPIED_GLOBS):
+        if (checkpoint / name).is_file():
+            shutil.copy2(checkpoint / name, out / name)
 
 
 _OS_ERROR = re.compile(r"os error (\d+)|code: (\d+)")  # safetensors' Rust io::Error, new and old wording

@@ -11,20 +11,21 @@ new checkpoint at all.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trtspec.build.torch_engine import COPIED, COPIED_GLOBS, save_weights
+from trtspec.build.torch_engine import copy_side_files, save_weights
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import load_config, validate_config
 from trtspec.errors import UsageError, shorten
 from trtspec.fsutil import atomic_write_text, refuse_overwrite, replace_dir, writing
 from trtspec.init_config import serve_defaults
+from trtspec.modes import get_mode
 from trtspec.speculative.model import read_weights
 from trtspec.speculative.self_draft import resolve_layers
 
@@ -49,23 +50,22 @@ def cut_checkpoint(target: Path, layers: list[int], out: Path) -> None:
     """Write `target` cut to `layers` into `out`, whole or not at all (an older `out` stays until the new is done)."""
     hf = read_hf_config(target)
     keep = {old: new for new, old in enumerate(layers)}
-    weights = {}
+    weights, found = {}, set()
     for name, tensor in read_weights(target).items():
         if (m := _LAYER.match(name)) is None:
             weights[name] = tensor  # embedding, final norm, head
         elif int(m.group(1)) in keep:  # MTP layers sit past num_hidden_layers: never kept
+            found.add(int(m.group(1)))
             weights[f"model.layers.{keep[int(m.group(1))]}.{m.group(2)}"] = tensor
-    found = {int(m.group(1)) for name in weights if (m := _LAYER.match(name))}
-    if missing := [old for old, new in keep.items() if new not in found]:
+    if missing := [old for old in layers if old not in found]:
         raise UsageError(f"{target}: no weights under model.layers.N for layers {missing}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # per process, readable as any output (mkdtemp's 0700 would lock a container's other user out)
+    staging = out.parent / f".staging-{out.name}-{os.getpid()}"
     try:
+        staging.mkdir(parents=True)
         save_weights(weights, staging / "model.safetensors")
+        copy_side_files(target, staging)
         (staging / "config.json").write_text(json.dumps(cut_config(hf, layers), indent=2), encoding="utf-8")
-        for name in (*COPIED, *COPIED_GLOBS):
-            if name != "config.json" and (target / name).is_file():
-                shutil.copy2(target / name, staging / name)
         (staging / MARKER).write_text(json.dumps({"target": str(target), "layers": layers}), encoding="utf-8")
         replace_dir(staging, out)
     finally:
@@ -100,8 +100,8 @@ def export_self_draft(
     target = cfg.checkpoint_path(cfg.target)
     if target is None:
         raise UsageError(f"target.checkpoint {cfg.target.checkpoint} is a hub id: export needs a local checkpoint")
-    settings = cfg.self_draft.model_dump() if cfg.self_draft is not None else {}
-    weights = settings.get("weights") or "same"
+    settings = get_mode("self-draft").settings(cfg)
+    weights = settings.weights
     config_out = config.with_name(f"{config.stem}-draft-target.yaml")
     refuse_overwrite(config_out, force)
     draft: dict[str, Any] = {"checkpoint": cfg.target.checkpoint, "dtype": cfg.target.dtype}
@@ -115,7 +115,7 @@ def export_self_draft(
     num_layers = read_hf_config(target).get("num_hidden_layers")
     if not isinstance(num_layers, int):
         raise UsageError(f"{target}/config.json: no integer num_hidden_layers")
-    layers = resolve_layers(settings.get("layers"), weights, num_layers)
+    layers = resolve_layers(settings.layers, weights, num_layers)
     checkpoint = None  # every layer (int8): the draft is the target itself, nothing to cut
     if len(layers) < num_layers:
         checkpoint = out or config.parent / "self-draft" / cfg.name
@@ -123,7 +123,7 @@ def export_self_draft(
         draft["checkpoint"] = _reference(checkpoint, cfg.base_dir)
     data = draft_target_data(yaml.safe_load(config.read_text(encoding="utf-8")), draft, backend)
     # refused here, before anything is written (the target stands in for the draft checkpoint not yet there)
-    validate_config(draft_target_data(data, {**draft, "checkpoint": cfg.target.checkpoint}, None), source=config_out)
+    validate_config({**data, "draft": {**draft, "checkpoint": cfg.target.checkpoint}}, source=config_out)
     if checkpoint is not None:
         with writing(checkpoint):
             cut_checkpoint(target, layers, checkpoint)

@@ -547,37 +547,32 @@ class BatchEngine:
         min_tokens; `ahead` [B, W] counts how far past the row's output so far each column draws. Masking the
         target alone keeps speculation exact for the masked distribution: a drafted stop token then has p = 0, so
         verification rejects it and the residual never draws it."""
+        if not any(s.min_tokens for s in seqs):  # the usual step: no device work at all
+            return logits
+        slots = torch.tensor([s.slot for s in seqs], device=self.device)
+        short = torch.tensor([s.min_tokens for s in seqs], device=self.device) - self.produced[slots]
         vocab = logits.shape[-1]
-        asked = [i for i, seq in enumerate(seqs) if seq.min_tokens and seq.params.stop_token_ids]
-        if not asked:  # no device read for the usual row
-            return logits
-        produced = self.produced[[seqs[i].slot for i in asked]].tolist()
-        early = [
-            (i, seqs[i].min_tokens - done) for i, done in zip(asked, produced, strict=True) if seqs[i].min_tokens > done
-        ]
-        if not early:
-            return logits
-        logits = logits.clone()
-        for i, short in early:
-            columns = (ahead[i] < short).nonzero()
-            # an end id outside the vocabulary can never be drawn: nothing to ban
-            stops = [t for t in sorted(seqs[i].params.stop_token_ids) if 0 <= t < vocab]
-            logits[i][columns, torch.tensor(stops, dtype=torch.long, device=self.device)[None, :]] = float("-inf")
-        return logits
+        stops = _stop_table(seqs, self.device)  # [B, S], -1 where a row has fewer
+        # an id outside the vocabulary can never be drawn: it goes to a spare column, dropped below
+        ban = torch.zeros(len(seqs), vocab + 1, dtype=torch.bool, device=self.device)
+        ban.scatter_(1, torch.where((stops >= 0) & (stops < vocab), stops, vocab), True)
+        early = (ahead < short[:, None])[..., None] & ban[:, None, :vocab]  # [B, W, V]
+        return logits.masked_fill(early, float("-inf"))
 
     def _keep_plain_logits(self, seqs: list[Sequence], plain: torch.Tensor, logits: torch.Tensor) -> None:
         """Rows decoding plainly that asked for their logits keep column 0's of the step's [B, K+1, V]."""
+        if not any(s.keep_logits for s in seqs):  # the usual step: no device read
+            return
         for i in plain.nonzero().squeeze(1).tolist():
             if seqs[i].keep_logits:
                 seqs[i].logits.append(logits[i, 0].float().clone())
 
     def _plain_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] a first token is drawn from: stop tokens banned before min_tokens; kept if asked."""
-        logits = self._ban_early_stops(seqs, logits[:, None], torch.zeros(len(seqs), 1, device=self.device))[:, 0]
-        for i, seq in enumerate(seqs):
-            if seq.keep_logits:
-                seq.logits.append(logits[i].float().clone())
-        return logits
+        zeros = torch.zeros(len(seqs), 1, dtype=torch.long, device=self.device)
+        logits = self._ban_early_stops(seqs, logits[:, None], zeros)
+        self._keep_plain_logits(seqs, torch.ones(len(seqs), dtype=torch.bool, device=self.device), logits)
+        return logits[:, 0]
 
     def _commit(self, seqs: list[Sequence], new: torch.Tensor, count: torch.Tensor) -> None:
         """Append the first `count` of each row's `new` tokens, honouring stops and max_tokens."""

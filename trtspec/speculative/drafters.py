@@ -432,6 +432,7 @@ class MedusaDrafter(Drafter):
             self._head = torch.tensor([len(c) - 1 for c in self.choices])  # the head that guesses each node
             self._rank = torch.tensor([c[-1] for c in self.choices])  # and which of its best guesses it is
             self._parents = torch.tensor([node[c[:-1]] if len(c) > 1 else -1 for c in self.choices])
+            self._best = max(c[-1] for c in self.choices) + 1  # how many of each head's best guesses the tree reads
 
     @staticmethod
     def static_shape(choices: list[list[int]]) -> TreeShape:
@@ -473,7 +474,7 @@ class MedusaDrafter(Drafter):
 
         b, device = logp.shape[0], logp.device
         head, rank, parents = (t.to(device) for t in (self._head, self._rank, self._parents))
-        ranked = logp.topk(int(rank.max()) + 1, -1).indices  # [B, H, best]
+        ranked = logp.topk(self._best, -1).indices  # [B, H, best]
         tokens = ranked[:, head, rank]  # [B, nodes]
         valid = torch.ones_like(tokens, dtype=torch.bool)
         return TokenTree(tokens, parents.expand(b, -1), (head + 1).expand(b, -1), valid)
