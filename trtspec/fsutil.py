@@ -78,6 +78,14 @@ def refuse_overwrite(path: Path, force: bool) -> None:
         raise UsageError(f"{shorten(path)}: already exists (use --force to overwrite)")
 
 
+def readable_by_others(path: str | Path) -> None:
+    """Give a file the mode a plain open() would (0666 less the umask): outputs are meant to be read by others,
+    such as a container's user, and mkstemp or safetensors create theirs 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write to a temporary file beside `path`, fsync, then rename over it."""
     path = Path(path)
@@ -88,9 +96,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are meant to be read by others
+        readable_by_others(tmp)  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from trtspec import __version__
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.errors import TrtspecError, UsageError
+from trtspec.fsutil import readable_by_others
 from trtspec.speculative.model import load_transformer, read_weights
 
 ENGINE_JSON = "engine.json"
@@ -84,6 +85,7 @@ def save_weights(weights: dict[str, torch.Tensor], file: Path) -> None:
     its one-line disk error only as an OSError."""
     try:
         save_file(weights, str(file), metadata={"format": "pt"})
+        readable_by_others(file)
     except SafetensorError as exc:
         found = _OS_ERROR.search(str(exc))
         if found is None:
