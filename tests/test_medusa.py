@@ -123,3 +123,37 @@ def test_plan_does_not_choose_k_for_a_static_tree_and_says_how_to_compare_it(tmp
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert "medusa's follow from its own settings (the tree 2x3)" in res.output
     assert "plan a copy without the medusa settings that fix it" in res.output
+
+
+def test_the_runner_up_once_tree_spends_its_nodes_on_the_heads_best_guesses():
+    from trtspec.modes.medusa import choices_problem, runner_up_once_tree
+
+    for depth in range(1, 6):
+        tree = runner_up_once_tree(depth)
+        assert choices_problem(tree) is None and len(tree) == depth * (depth + 3) // 2
+        assert max(map(len, tree)) == depth and all(sum(path) <= 1 and set(path) <= {0, 1} for path in tree)
+        assert [len(p) for p in tree] == sorted(len(p) for p in tree)  # shallow first
+    assert runner_up_once_tree(2) == [[0], [1], [0, 0], [0, 1], [1, 0]]
+
+
+@pytest.mark.parametrize(
+    ("backend", "heads", "tree"), [("torch", 2, True), ("tensorrt", 2, True), ("tensorrt", 4, False)]
+)
+def test_init_writes_a_tree_where_the_backends_default_does_not_fit(tmp_path, backend, heads, tree):
+    """Backend torch has no copy of mc_sim_7b_63 and the backend's default needs 4 heads: init writes a tree
+    then, so its config builds as written; a 4-head checkpoint on engines keeps the backend's default."""
+    from trtspec.init_config import build_config_dict
+    from trtspec.modes.medusa import runner_up_once_tree
+
+    heads_dir = tmp_path / "heads"
+    heads_dir.mkdir()
+    config = json.loads((EMBEDDED_CHECKPOINTS["tiny-medusa"] / "config.json").read_text())
+    (heads_dir / "config.json").write_text(json.dumps({**config, "medusa_num_heads": heads}))
+    data = build_config_dict("m", "embedded:tiny-target", str(heads_dir), "medusa", backend, tmp_path)
+    assert data["medusa"]["num_heads"] == heads
+    assert data["medusa"]["choices"] == (runner_up_once_tree(heads) if tree else None)
+    assert validate_config(data).mode == "medusa"
+    if backend == "torch":  # the walk in test_modes builds it; here: nothing refuses it
+        from trtspec.modes import get_mode
+
+        assert get_mode("medusa").torch_deploy_refusal(validate_config(data)) is None

@@ -243,7 +243,9 @@ def test_every_mode_goes_from_init_to_a_repository_and_manifests(name, backend, 
         res = runner.invoke(cli, ["check", "walk.yaml"])
         assert res.exit_code == 0, res.output
         res = runner.invoke(cli, ["build", "walk.yaml", "--dry-run"])
-        if refusal := mode.torch_deploy_refusal(cfg):  # runner only, or settings init cannot choose (a tree)
+        refusal = mode.torch_deploy_refusal(cfg)
+        assert refusal is None or not mode.torch_deploys, f"init wrote a {name} config build refuses: {refusal}"
+        if refusal:  # modes the runner runs but trtspec does not serve
             assert res.exit_code != 0 and " ".join(refusal.split()[:6]) in " ".join(res.output.split()), res.output
         else:
             assert res.exit_code == 0 and f"mode {name}" in res.output, res.output

@@ -29,6 +29,7 @@ from trtspec.bench.run import BenchOptions, run_bench
 from trtspec.bench.schedule import Load
 from trtspec.bench.tables import print_summary
 from trtspec.modes import get_mode
+from trtspec.modes.medusa import runner_up_once_tree
 
 COMMON = {
     "target": {"checkpoint": "embedded:tiny-target", "dtype": "float32"},
@@ -49,7 +50,7 @@ SPECULATIVE = {
     # the trained heads verifying the static tree of medusa.choices, served as TensorRT-LLM serves Medusa
     "medusa": {
         "draft": {"checkpoint": "embedded:tiny-medusa", "dtype": "float32"},
-        "medusa": {"num_heads": 2, "choices": [[0], [1], [0, 0], [0, 1], [1, 0]]},
+        "medusa": {"num_heads": 2, "choices": runner_up_once_tree(2)},
         "speculation": {"mode": "medusa"},
     },
     # the draft model's drafts sped up by n-gram guesses (a setting of draft-target, not a mode): served by

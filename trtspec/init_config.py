@@ -72,7 +72,7 @@ def build_config_dict(
     spec = get_mode(mode)
     if spec.needs_draft:
         data["draft"] = {"checkpoint": draft, "dtype": "auto"}
-    data.update(spec.init_sections(target, hf, draft_hf))
+    data.update(spec.init_sections(target, hf, draft_hf, backend))
     flavour, streaming = serve_defaults(mode, backend)
     data["speculation"] = {
         "mode": mode,

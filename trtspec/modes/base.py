@@ -138,7 +138,9 @@ class SpecMode:
         """Config rules of this mode beyond the common ones (field, fix)."""
         return []
 
-    def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
+    def init_sections(
+        self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any], backend: str
+    ) -> dict[str, Any]:
         """The mode's own config sections as `trtspec init` writes them, from the target's (and draft's) config.json."""
         return {self.section: self.settings_model().model_dump()} if self.section and self.settings_model else {}
 

@@ -71,7 +71,9 @@ class DraftTarget(SpecMode):
     settings_model: ClassVar[type[Section] | None] = DraftTargetSection
     runner_only_settings: ClassVar[tuple[str, ...]] = ("cascade",)
 
-    def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
+    def init_sections(
+        self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any], backend: str
+    ) -> dict[str, Any]:
         return {}  # its one setting is the torch runner's and off by default: nothing to write
 
     def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:

@@ -118,7 +118,9 @@ class Eagle3(SpecMode):
 
         return EagleDrafter(target, draft, settings.get("layers_to_capture"))
 
-    def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
+    def init_sections(
+        self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any], backend: str
+    ) -> dict[str, Any]:
         """The layers the head records it was trained on, where TensorRT-LLM's default would capture others."""
         section = Eagle3Section().model_dump()
         try:

@@ -18,7 +18,7 @@ torch the engine flavour builds and serves that static tree, as TensorRT-LLM ser
 engines: the heads are cast into the build's draft folder, the torch engine records `medusa` and max_token_len
 as max_draft_len, and trtspec's tensorrt_llm stand-in reads the tree back from `medusa_choices`. The
 llmapi flavour refuses Medusa (the LLM API has no Medusa config), and so does a config without choices
-(trtspec has no copy of the backend's default tree).
+(trtspec has no copy of the backend's default tree; `trtspec init` writes one, `runner_up_once_tree`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ DEFAULT_TOKEN_LEN = 63  # convert_checkpoint.py --max_medusa_token_len's default
 # the backend's default tree, Medusa's mc_sim_7b_63 (FasterDecoding/Medusa medusa/model/medusa_choices.py): 63
 # nodes, paths up to 4 deep, so it needs 4 heads and room for 63 drafts
 DEFAULT_TREE_DEPTH, DEFAULT_TREE_NODES = 4, 63
+
+
+def runner_up_once_tree(depth: int) -> list[list[int]]:
+    """A static tree for `depth` heads: every path that takes a head's second guess at most once, shallow
+    first (2 heads: [0], [1], [0, 0], [0, 1], [1, 0]; depth(depth + 3) / 2 nodes). It spends the nodes where
+    acceptance is highest, the heads' best guesses, as mc_sim_7b_63 does, without a copy of a tree
+    calibrated for another model; `trtspec plan` measures which tree pays for a pair."""
+    paths = [[0] * d for d in range(1, depth + 1)]
+    paths += [[*p[:i], 1, *p[i + 1 :]] for p in paths for i in range(len(p))]
+    return sorted(paths, key=lambda p: (len(p), p))
 
 
 def choices_text(choices: list[list[int]]) -> str:
@@ -255,10 +265,16 @@ class Medusa(SpecMode):
             raise UsageError(f"medusa_choices: {why}")
         return {"choices": choices}
 
-    def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
+    def init_sections(
+        self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any], backend: str
+    ) -> dict[str, Any]:
+        """As many heads as the checkpoint has; a tree of its own where the backend's default does not fit
+        (backend torch has no copy of mc_sim_7b_63, which needs 4 heads), so the config builds as written."""
         section = MedusaSection().model_dump()
-        if draft_config.get("medusa_num_heads"):  # as many heads as the checkpoint has
+        if draft_config.get("medusa_num_heads"):
             section["num_heads"] = int(draft_config["medusa_num_heads"])
+        if backend == "torch" or section["num_heads"] < DEFAULT_TREE_DEPTH:
+            section["choices"] = runner_up_once_tree(section["num_heads"])
         return {self.section: section}
 
     def check(

@@ -87,7 +87,9 @@ class MTP(SpecMode):
     def served_draft_len(self, spec: dict[str, Any]) -> int:
         return int(spec.get("num_nextn_predict_layers") or spec.get("max_draft_len") or 0)
 
-    def init_sections(self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any]) -> dict[str, Any]:
+    def init_sections(
+        self, target: str, hf_config: dict[str, Any], draft_config: dict[str, Any], backend: str
+    ) -> dict[str, Any]:
         layers = hf_config.get("num_nextn_predict_layers")
         if hf_config and not layers:
             from trtspec.errors import UsageError
