@@ -265,9 +265,8 @@ class TargetWithMTP(nn.Module):
             pos = torch.arange(m, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
             e = layer.enorm(model.embed_tokens(ids[:, k:]))
             x = layer.eh_proj(torch.cat([e, layer.hnorm(h[:, :m])], dim=-1))
-            mask = create_causal_mask(
-                config=self.trunk.config, inputs_embeds=x, attention_mask=None, past_key_values=None, position_ids=pos
-            )
+            # no cache, passed by position: transformers renamed the argument (past_key_values -> cache, 5.2x)
+            mask = create_causal_mask(self.trunk.config, x, None, None, position_ids=pos)
             h = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=model.rotary_emb(x, pos))
             outs.append(self.trunk.lm_head(layer.shared_head.norm(h)))
         return outs
