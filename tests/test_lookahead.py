@@ -178,10 +178,12 @@ def test_a_lookahead_deployment_builds_packages_and_serves_on_the_engine_flavour
             engine.step()
         assert [s.result.tokens for s in served] == plain
         assert sum(s.result.stats.accepted_tokens for s in served) > 0
-    # a server whose (W, N, G) would need another max_draft_len than the engine's is found before it starts
-    other = _deployment(target_path, tmp_path, wng=(3, 2, 1))
-    errors = [f for f in run_check(other).findings if f.severity == "error"]
-    assert [f.code for f in errors] == ["lookahead-draft-len"] and "max_draft_len 11" in errors[0].message
+    # a server whose (W, N, G) need more drafts than the engine's max_draft_len is found before it starts;
+    # fewer run (TensorRT-LLM's executor checks <=, as the stand-in served (3, 2, 1) above): a warning
+    for wng, severity in (((3, 2, 1), "warning"), ((5, 3, 2), "error")):
+        other = _deployment(target_path, tmp_path, wng=wng)
+        found = [f for f in run_check(other).findings if f.code == "lookahead-draft-len"]
+        assert [f.severity for f in found] == [severity] and "max_draft_len 11" in found[0].message
 
 
 def test_the_llmapi_flavour_refuses_lookahead_which_the_llm_api_lacks(target_path, tmp_path):

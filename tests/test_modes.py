@@ -550,6 +550,9 @@ def test_check_refuses_w_n_g_the_built_engine_does_not_match(tmp_path, runner, m
     (built / "config.json").write_text(json.dumps({"build_config": {"max_draft_len": 23}}))
     found = [f for f in run_check(cfg).findings if f.code == "lookahead-draft-len"]
     assert found and found[0].severity == "error" and "needs 83" in found[0].message
+    (built / "config.json").write_text(json.dumps({"build_config": {"max_draft_len": 90}}))  # room to spare
+    found = [f for f in run_check(cfg).findings if f.code == "lookahead-draft-len"]
+    assert [f.severity for f in found] == ["warning"] and "drafts at most 83" in found[0].message
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,10 @@ keeping an n-gram pool of what it has seen; no draft model and no training. Comp
 
 Sources (github.com/NVIDIA/TensorRT-LLM): examples/lookahead/README.md @ 7ed07f06 and @ 83ab45a5 (build the
 target with `--speculative_decoding_mode=lookahead_decoding --max_draft_len=<f(W,N,G)>`, where f is
-`(0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1)`, (7, 7, 7) -> 83; the server's (W, N, G) must give the
-engine's max_draft_len; a request's (w, n, g) may not exceed it; SM >= 8.0); Triton's tensorrt_llm
+`(0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1)`, (7, 7, 7) -> 83; the README has the server's (W, N, G)
+give the engine's max_draft_len, while the executor's code (cpp/tensorrt_llm/batch_manager/
+trtGptModelInflightBatching.cpp: `TLLM_CHECK(maxDraftTokens <= mModelConfig.getMaxDecodingDraftTokens())`)
+takes any that need no more; a request's (w, n, g) may not exceed the server's; SM >= 8.0); Triton's tensorrt_llm
 config.pbtxt parameters lookahead_window_size, lookahead_ngram_size, lookahead_verification_set_size and
 decoding_mode `lookahead` (triton_backend all_models, ref triton-model-repository §1.4);
 `SpeculativeDecodingMode.LOOKAHEAD_DECODING` (tensorrt_llm/models/modeling_utils.py). The engine path ends
@@ -180,8 +182,9 @@ class Lookahead(SpecMode):
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
     ) -> None:
-        """The server's (W, N, G) must reproduce the engine's max_draft_len: an engine built for other
-        settings is found here, not when the server refuses to start."""
+        """The server's (W, N, G) may need no more drafts than the engine's max_draft_len (the executor's
+        check): an engine built for less is found here, not when the server refuses to start. Fewer is what
+        NVIDIA's code runs but not what its README builds: a warning, as the engine holds room it never uses."""
         from trtspec.build.builder import engine_dir_for
         from trtspec.build.torch_engine import read_engine_config
         from trtspec.errors import UsageError
@@ -195,11 +198,19 @@ class Lookahead(SpecMode):
             return
         longest = built.get("build_config", {}).get("max_draft_len")
         s = self.settings(cfg)
-        if longest != self.draft_len(cfg):
+        need, wng = self.draft_len(cfg), f"({s.window_size}, {s.ngram_size}, {s.verification_set_size})"
+        if not isinstance(longest, int) or longest < need:
             report.add(
                 "error",
                 "lookahead-draft-len",
-                f"{engine}: the engine has max_draft_len {longest}; lookahead ({s.window_size}, {s.ngram_size}, "
-                f"{s.verification_set_size}) needs {self.draft_len(cfg)}",
+                f"{engine}: the engine has max_draft_len {longest}; lookahead {wng} needs {need}",
                 "rebuild the engine (trtspec build) or set lookahead back to the settings it was built with",
+            )
+        elif longest > need:
+            report.add(
+                "warning",
+                "lookahead-draft-len",
+                f"{engine}: the engine has max_draft_len {longest}; lookahead {wng} drafts at most {need}, which "
+                "TensorRT-LLM's executor runs, with the engine's room for the rest unused",
+                "rebuild the engine (trtspec build) to size it for these settings",
             )
