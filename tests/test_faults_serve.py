@@ -366,3 +366,35 @@ def test_servers_stop_together_and_one_deaf_to_sigterm_is_killed(tmp_path):
     termed = [float(m.read_text()) for m in marks]
     assert max(termed) - min(termed) < 1.0, termed  # stopped one at a time, they would be two seconds apart
     assert not workdir.exists()
+
+
+def test_serving_a_config_says_when_its_repository_was_packaged_from_another(runner, tmp_path, monkeypatch):
+    """serve runs model_repository/NAME whichever config packaged it; package records which (the digest the
+    deployed servers wait on), so serve warns on stderr when the config is not the one, and serves anyway."""
+    import trtspec.serve.run as run_mod
+    from trtspec.cli import cli
+    from trtspec.repository.package import config_digest_path, repository_dir_for
+
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "tiny.yaml"
+    config.write_text((CONFIGS / "tiny-draft-target.yaml").read_text())
+    repository = repository_dir_for(load_config(config))
+    repository.mkdir(parents=True)
+
+    def refuse_to_start(repo, ports, log):
+        raise UsageError(f"stopped before starting {repo.name}")
+
+    monkeypatch.setattr(run_mod, "start_server", refuse_to_start)
+
+    def serve_warnings() -> list[str]:
+        res = runner.invoke(cli, ["serve", str(config)])
+        assert res.exit_code != 0 and "stopped before starting" in res.output  # it went on to serve
+        return [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+
+    assert serve_warnings() == []  # no record (a repository written by hand): nothing to compare
+    config_digest_path(repository).write_text(load_config(config).serving_digest() + "\n")
+    assert serve_warnings() == []
+    config.write_text(config.read_text().replace("num_draft_tokens: 2", "num_draft_tokens: 3"))
+    (warning,) = serve_warnings()
+    assert "packaged from another config" in warning and f"trtspec package {config}" in warning
+    assert run_mod.packaged_from_another_config(repository, repository) is None  # a directory is served as is

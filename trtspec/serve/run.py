@@ -33,6 +33,27 @@ def _resolve(target: Path) -> tuple[Path, Ports]:
     return repository_dir_for(cfg), Ports(cfg.serve.http_port, cfg.serve.grpc_port, cfg.serve.metrics_port)
 
 
+def packaged_from_another_config(target: Path, repository: Path) -> str | None:
+    """Serving a config serves the repository under its name, whichever config packaged it (package records
+    which: the digest deploy's servers wait on). A repository made from another config, or from this one
+    before an edit, still serves; the user hears that it may not be what the config says."""
+    if target.is_dir():
+        return None
+    from trtspec.config import load_config
+    from trtspec.repository.package import config_digest_path
+
+    try:
+        recorded = config_digest_path(repository).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None  # written by hand or by an older trtspec: nothing to compare
+    if recorded == load_config(target).serving_digest():
+        return None
+    return (
+        f"{repository} was packaged from another config than {target} (or from it before an edit): serving "
+        f"it as it is; run `trtspec package {target}` to serve what the config says"
+    )
+
+
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if it is gone
     or a zombie (exited, not yet reaped)."""
@@ -72,6 +93,8 @@ def serve_forever(
     host: str = LOOPBACK,
 ) -> None:
     repository, defaults = _resolve(target)
+    if why := packaged_from_another_config(target, repository):
+        echo(f"warning: {why}", err=True)
     fallback = (defaults.http, defaults.grpc, defaults.metrics)
     chosen = Ports(*(p if p is not None else d for p, d in zip(ports, fallback, strict=True)), host=host)
     log = repository.parent / f"{repository.name}.tritonserver.log"
