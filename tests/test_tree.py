@@ -244,27 +244,37 @@ def test_medusa_choices_are_the_static_tree_of_each_heads_ranked_guesses(pair, p
     assert max(s.drafted for g in out for s in g.stats.step_log) == 3  # a tree step counts its depth
 
 
-def test_medusa_reads_the_state_of_the_last_verified_position(pair):
+def test_medusa_reads_the_state_of_the_last_verified_position(pair, plain):
     """After tree steps (whose accepted states are moved into place) the heads read, at n - 2, exactly the
-    state a fresh forward over the committed tokens gives."""
+    state a fresh forward over the committed tokens gives. The heads are random, so their first guesses are
+    set to greedy decoding's continuation: every step then accepts a path as deep as the tree."""
     target, _ = pair
     seen = []
     heads = MedusaHeads(3, 1, target.dims.hidden_size, target.dims.vocab_size)
     drafter = MedusaDrafter(heads)
     original = drafter._logp
+    greedy = [prompt + out.tokens for prompt, out in zip(PROMPTS, plain, strict=True)]
 
     def spy(state, slots):
-        n = int(state.lengths[slots.index[0]])
-        seen.append((state.tokens[slots.index[0], :n].tolist(), state.target_hidden[slots.index[0], n - 2].clone()))
-        return original(state, slots)
+        logp = original(state, slots)
+        for row, slot in enumerate(slots.index.tolist()):
+            n = int(state.lengths[slot])
+            tokens = state.tokens[slot, :n].tolist()
+            seen.append((tokens, state.target_hidden[slot, n - 2].clone()))
+            ahead = next(full[n : n + logp.shape[1]] for full in greedy if full[:n] == tokens)
+            for head, token in enumerate(ahead):
+                logp[row, head, token] = logp[row, head].max() + 1.0
+        return logp
 
     drafter._logp = spy
     runner = SpeculativeRunner(target, drafter, num_draft_tokens=1, tree=TreeShape(3, 16))
-    out = runner.generate([PROMPTS[0]], GREEDY)[0]
-    assert max(s.accepted for s in out.stats.step_log) >= 2  # paths deeper than one node were moved into place
+    outs = runner.generate(PROMPTS, GREEDY)
+    assert [o.tokens for o in outs] == [o.tokens for o in plain]
+    assert max(s.accepted for o in outs for s in o.stats.step_log) == 3  # whole paths moved into place
+    assert all(any(t[: len(p)] == p for t, _ in seen) for p in PROMPTS)  # every request's row was read
     for tokens, hidden in seen:
         seq = torch.tensor([tokens[:-1]])
-        fresh = target(seq, torch.arange(seq.shape[1])[None], target.new_cache(1, 64)).hidden[0, -1]
+        fresh = target(seq, torch.arange(seq.shape[1])[None], target.new_cache(1, seq.shape[1])).hidden[0, -1]
         assert torch.allclose(hidden, fresh, atol=1e-5)
 
 
