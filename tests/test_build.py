@@ -375,12 +375,12 @@ def test_sigkill_mid_build_leaves_no_engine_and_the_next_run_completes(tmp_path)
 def test_full_disk_is_one_line_and_leaves_nothing_half_written(runner, tmp_path, monkeypatch):
     config = torch_project(tmp_path)
     monkeypatch.chdir(tmp_path)
-    import trtspec.build.torch_engine as torch_engine
+    import trtspec.speculative.model as weights_io
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(torch_engine, "save_file", full_disk)
+    monkeypatch.setattr(weights_io, "save_file", full_disk)
     res = runner.invoke(cli, ["build", str(config)])
     assert res.exit_code == 1
     assert error_lines(res.output) == [res.output.strip().splitlines()[-1]] and "no space left" in res.output

@@ -165,7 +165,7 @@ def quota_exceeded(*args, **kwargs):
 
 @pytest.mark.parametrize("fault", [safetensors_full, quota_exceeded], ids=["safetensors-enospc", "oserror-edquot"])
 def test_full_disk_under_safetensors_is_one_line_and_keeps_the_previous_build(runner, tmp_path, monkeypatch, fault):
-    import trtspec.build.torch_engine as torch_engine
+    import trtspec.speculative.model as weights_io
 
     monkeypatch.chdir(tmp_path)
     config = torch_pair(tmp_path)
@@ -174,7 +174,7 @@ def test_full_disk_under_safetensors_is_one_line_and_keeps_the_previous_build(ru
     before = snapshot(engines)
     assert {"manifest.json", "target/model.safetensors", "draft/model.safetensors"} <= set(before)
 
-    monkeypatch.setattr(torch_engine, "save_file", fault)
+    monkeypatch.setattr(weights_io, "save_file", fault)
     line = one_line_error(runner.invoke(cli, ["build", str(config), "--force", "--no-package"]), 1)
     assert "no space left" in line or "quota" in line
     assert "engines/pair/target" in line and "nothing was left half-written" in line
@@ -517,3 +517,35 @@ def test_a_full_disk_under_the_bench_records_is_one_line_and_keeps_earlier_recor
     assert str(caught.value) == f"no space left on the device while writing {path}: free space and re-run"
     assert caught.value.exit_code == 1
     assert [r.index for r in read_records(path)] == [0]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_written_checkpoints_take_the_umask_as_a_plain_open_would(tmp_path, umask):
+    """Weights and folders trtspec writes are for others to read (a container's user): safetensors and
+    mkdtemp make theirs private, so each writer applies the umask as open() and mkdir do."""
+    from trtspec.assets import EMBEDDED_CHECKPOINTS
+    from trtspec.checkpoints.inspect import read_hf_config
+    from trtspec.checkpoints.self_draft import cut_checkpoint
+    from trtspec.fsutil import atomic_write_text, current_umask
+    from trtspec.speculative.eagle import load_eagle3
+    from trtspec.speculative.heads import load_heads
+    from trtspec.speculative.model import load_transformer
+
+    before = os.umask(umask)
+    try:
+        assert current_umask() == umask
+        cut_checkpoint(EMBEDDED_CHECKPOINTS["tiny-target"], [0], tmp_path / "cut")
+        heads = load_heads(EMBEDDED_CHECKPOINTS["tiny-medusa"])  # trained tied to the target's lm_head
+        heads.tie(load_transformer(EMBEDDED_CHECKPOINTS["tiny-target"]).lm_head.weight)
+        heads.save(tmp_path / "medusa", tied=True)
+        target_config = read_hf_config(EMBEDDED_CHECKPOINTS["tiny-target"])
+        load_eagle3(EMBEDDED_CHECKPOINTS["tiny-eagle3"]).save(tmp_path / "eagle3", target_config)
+        atomic_write_text(tmp_path / "note.txt", "x")
+    finally:
+        os.umask(before)
+    written = [p for p in tmp_path.rglob("*")]
+    assert {p.relative_to(tmp_path).parts[0] for p in written} == {"cut", "medusa", "eagle3", "note.txt"}
+    assert any(p.suffix == ".safetensors" for p in written)
+    for path in written:
+        want = (0o777 if path.is_dir() else 0o666) & ~umask
+        assert stat.S_IMODE(path.stat().st_mode) == want, (path, oct(path.stat().st_mode))

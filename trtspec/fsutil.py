@@ -78,12 +78,25 @@ def refuse_overwrite(path: Path, force: bool) -> None:
         raise UsageError(f"{shorten(path)}: already exists (use --force to overwrite)")
 
 
-def readable_by_others(path: str | Path) -> None:
-    """Give a file the mode a plain open() would (0666 less the umask): outputs are meant to be read by others,
-    such as a container's user, and mkstemp or safetensors create theirs 0600."""
-    umask = os.umask(0)
+def current_umask() -> int:
+    """The process's umask, read where Linux shows it: os.umask can only read it by setting it, which for a
+    moment gives files other threads create mode 0666."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
     os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    return umask
+
+
+def readable_by_others(path: str | Path) -> None:
+    """Give a file (a folder) the mode a plain open() (mkdir) would, 0666 (0777) less the umask: outputs are
+    meant to be read by others, such as a container's user, and mkstemp, mkdtemp or safetensors make theirs
+    private."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~current_umask())
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

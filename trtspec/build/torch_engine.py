@@ -7,24 +7,18 @@ engine's config.json (pretrained_config, build_config) so one check verifies eit
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from trtspec import __version__
 from trtspec.checkpoints.inspect import read_hf_config
-from trtspec.errors import TrtspecError, UsageError
-from trtspec.fsutil import readable_by_others
-from trtspec.speculative.model import load_transformer, read_weights
+from trtspec.errors import UsageError
+from trtspec.speculative.model import load_transformer, read_weights, save_weights
 
 ENGINE_JSON = "engine.json"
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -70,28 +64,11 @@ def write_torch_engine(
 
 
 def copy_side_files(checkpoint: Path, out: Path) -> None:
-    """The checkpoint's config, generation settings and tokenizer files, beside weights written elsewhere."""
+    """The checkpoint's config, generation settings and tokenizer files, beside weights written elsewhere
+    (their contents: each takes the mode the umask gives, as every output, not the source's)."""
     for name in (*COPIED, *COPIED_GLOBS):
         if (checkpoint / name).is_file():
-            shutil.copy2(checkpoint / name, out / name)
-
-
-_OS_ERROR = re.compile(r"os error (\d+)|code: (\d+)")  # safetensors' Rust io::Error, new and old wording
-
-
-def save_weights(weights: dict[str, torch.Tensor], file: Path) -> None:
-    """save_file, with its I/O failures as the OSError they are: safetensors raises its own
-    SafetensorError ("I/O error: No space left on device (os error 28)"), which the build maps to
-    its one-line disk error only as an OSError."""
-    try:
-        save_file(weights, str(file), metadata={"format": "pt"})
-        readable_by_others(file)
-    except SafetensorError as exc:
-        found = _OS_ERROR.search(str(exc))
-        if found is None:
-            raise TrtspecError(f"{file}: safetensors could not write the weights: {exc}") from None
-        code = int(found.group(1) or found.group(2))
-        raise OSError(code, os.strerror(code) if code in errno.errorcode else str(exc), str(file)) from None
+            shutil.copyfile(checkpoint / name, out / name)
 
 
 def warm_up(engine_dir: Path, dtype: torch.dtype, max_seq_len: int) -> None:

@@ -11,22 +11,22 @@ new checkpoint at all.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trtspec.build.torch_engine import copy_side_files, save_weights
+from trtspec.build.torch_engine import copy_side_files
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import load_config, validate_config
 from trtspec.errors import UsageError, shorten
-from trtspec.fsutil import atomic_write_text, refuse_overwrite, replace_dir, writing
+from trtspec.fsutil import atomic_write_text, readable_by_others, refuse_overwrite, replace_dir, writing
 from trtspec.init_config import serve_defaults
 from trtspec.modes import get_mode
-from trtspec.speculative.model import read_weights
+from trtspec.speculative.model import read_weights, save_weights
 from trtspec.speculative.self_draft import resolve_layers
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -59,10 +59,11 @@ def cut_checkpoint(target: Path, layers: list[int], out: Path) -> None:
             weights[f"model.layers.{keep[int(m.group(1))]}.{m.group(2)}"] = tensor
     if missing := [old for old in layers if old not in found]:
         raise UsageError(f"{target}: no weights under model.layers.N for layers {missing}")
-    # per process, readable as any output (mkdtemp's 0700 would lock a container's other user out)
-    staging = out.parent / f".staging-{out.name}-{os.getpid()}"
+    # a folder of its own (two processes, or a pid a container reuses, never share one), readable as any output
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{out.name}-", dir=out.parent))
     try:
-        staging.mkdir(parents=True)
+        readable_by_others(staging)
         save_weights(weights, staging / "model.safetensors")
         copy_side_files(target, staging)
         (staging / "config.json").write_text(json.dumps(cut_config(hf, layers), indent=2), encoding="utf-8")

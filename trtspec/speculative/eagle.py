@@ -22,7 +22,6 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from trtspec.errors import UsageError
@@ -41,6 +40,7 @@ from trtspec.speculative.model import (
     TreeAttention,
     dims_from_hf_config,
     read_weights,
+    save_weights,
 )
 from trtspec.speculative.tree import TokenTree, TreeShape, tree_attention
 
@@ -192,7 +192,7 @@ class Eagle3Head(nn.Module):
             state.update({k: v.detach().to(dtype).contiguous() for k, v in zip(keys, parts, strict=True)})
         state["d2t"] = self.d2t.clone()
         out.mkdir(parents=True, exist_ok=True)
-        save_file(state, str(out / WEIGHTS))
+        save_weights(state, out / WEIGHTS)
         atomic_write_text(out / "config.json", json.dumps(self.config(target_config, extra, dtype), indent=2) + "\n")
 
 

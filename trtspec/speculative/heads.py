@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
-from trtspec.speculative.model import Linear
+from trtspec.speculative.model import Linear, save_weights
 
 WEIGHTS = "medusa_lm_head.safetensors"
 TIED = "trtspec_output_is_target_lm_head"
@@ -87,7 +87,7 @@ class MedusaHeads(nn.Module):
         }
         extra_config = {**(extra_config or {}), **({TIED: True} if tied else {})}
         tmp = folder / (WEIGHTS + ".tmp")
-        save_file(state, str(tmp))
+        save_weights(state, tmp)
         tmp.replace(folder / WEIGHTS)
         atomic_write_text(folder / "config.json", json.dumps({**self.config(), **(extra_config or {})}, indent=2))
 

@@ -14,17 +14,22 @@ i, runs one decoder block, and predicts token i+k+1 with the shared head.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trtspec.checkpoints.inspect import VOCAB_ROWS_FIX, read_hf_config, vocab_rows_message
-from trtspec.errors import UsageError
+from trtspec.errors import TrtspecError, UsageError
 from trtspec.families import TORCH_RUNNER_FAMILIES
+from trtspec.fsutil import readable_by_others
 
 SUPPORTED_ARCHITECTURES = set(TORCH_RUNNER_FAMILIES)  # trtspec.families: the one table
 
@@ -379,6 +384,24 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         except Exception as exc:  # safetensors raises its own error types for truncated files
             raise UsageError(f"{f}: corrupt safetensors file: {exc}") from None
     return weights
+
+
+_OS_ERROR = re.compile(r"os error (\d+)|code: (\d+)")  # safetensors' Rust io::Error, new and old wording
+
+
+def save_weights(weights: dict[str, torch.Tensor], file: Path) -> None:
+    """save_file, with its I/O failures as the OSError they are: safetensors raises its own
+    SafetensorError ("I/O error: No space left on device (os error 28)"), which the build maps to
+    its one-line disk error only as an OSError."""
+    try:
+        save_file(weights, str(file), metadata={"format": "pt"})
+        readable_by_others(file)
+    except SafetensorError as exc:
+        found = _OS_ERROR.search(str(exc))
+        if found is None:
+            raise TrtspecError(f"{file}: safetensors could not write the weights: {exc}") from None
+        code = int(found.group(1) or found.group(2))
+        raise OSError(code, os.strerror(code) if code in errno.errorcode else str(exc), str(file)) from None
 
 
 def _block_state(prefix: str, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
