@@ -134,10 +134,13 @@ def test_the_runner_up_once_tree_spends_its_nodes_on_the_heads_best_guesses():
         assert max(map(len, tree)) == depth and all(sum(path) <= 1 and set(path) <= {0, 1} for path in tree)
         assert [len(p) for p in tree] == sorted(len(p) for p in tree)  # shallow first
     assert runner_up_once_tree(2) == [[0], [1], [0, 0], [0, 1], [1, 0]]
+    cut = runner_up_once_tree(16, 63)  # 152 nodes before the cut: the shallowest 63, each with its parent
+    assert len(cut) == 63 and choices_problem(cut) is None and cut == runner_up_once_tree(16)[:63]
 
 
 @pytest.mark.parametrize(
-    ("backend", "heads", "tree"), [("torch", 2, True), ("tensorrt", 2, True), ("tensorrt", 4, False)]
+    ("backend", "heads", "tree"),
+    [("torch", 2, True), ("tensorrt", 2, True), ("tensorrt", 4, False), ("torch", 16, True)],
 )
 def test_init_writes_a_tree_where_the_backends_default_does_not_fit(tmp_path, backend, heads, tree):
     """Backend torch has no copy of mc_sim_7b_63 and the backend's default needs 4 heads: init writes a tree
@@ -151,7 +154,7 @@ def test_init_writes_a_tree_where_the_backends_default_does_not_fit(tmp_path, ba
     (heads_dir / "config.json").write_text(json.dumps({**config, "medusa_num_heads": heads}))
     data = build_config_dict("m", "embedded:tiny-target", str(heads_dir), "medusa", backend, tmp_path)
     assert data["medusa"]["num_heads"] == heads
-    assert data["medusa"]["choices"] == (runner_up_once_tree(heads) if tree else None)
+    assert data["medusa"]["choices"] == (runner_up_once_tree(heads, 63) if tree else None)  # 63: max_token_len
     assert validate_config(data).mode == "medusa"
     if backend == "torch":  # the walk in test_modes builds it; here: nothing refuses it
         from trtspec.modes import get_mode

@@ -692,7 +692,7 @@ def test_max_seq_len_leaves_room_for_the_drafts_a_mode_fixes():
 def test_medusa_default_tree_needs_its_heads_and_nodes():
     data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
     data["medusa"] = {"num_heads": 3}
-    with pytest.raises(ConfigError, match=re.escape("mc_sim_7b_63 tree: it needs num_heads >= 4")):
+    with pytest.raises(ConfigError, match=re.escape("mc_sim_7b_63 needs num_heads >= 4")):
         validate_config(data)
     data["medusa"] = {"num_heads": 3, "choices": [[0], [0, 0], [1]]}
     assert validate_config(data).medusa.num_heads == 3

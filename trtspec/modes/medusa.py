@@ -52,14 +52,27 @@ DEFAULT_TOKEN_LEN = 63  # convert_checkpoint.py --max_medusa_token_len's default
 DEFAULT_TREE_DEPTH, DEFAULT_TREE_NODES = 4, 63
 
 
-def runner_up_once_tree(depth: int) -> list[list[int]]:
-    """A static tree for `depth` heads: every path that takes a head's second guess at most once, shallow
-    first (2 heads: [0], [1], [0, 0], [0, 1], [1, 0]; depth(depth + 3) / 2 nodes). It spends the nodes where
-    acceptance is highest, the heads' best guesses, as mc_sim_7b_63 does, without a copy of a tree
-    calibrated for another model; `trtspec plan` measures which tree pays for a pair."""
+def runner_up_once_tree(depth: int, nodes: int | None = None) -> list[list[int]]:
+    """A static tree for `depth` heads in at most `nodes` nodes (None: all): the paths that take a head's
+    second guess at most once, shallow first (2 heads: [0], [1], [0, 0], [0, 1], [1, 0]; depth(depth + 3) / 2
+    nodes before the cut, which keeps every kept path's parent). It spends the nodes where acceptance is
+    highest, the heads' best guesses, as mc_sim_7b_63 does, without a copy of a tree calibrated for another
+    model."""
     paths = [[0] * d for d in range(1, depth + 1)]
     paths += [[*p[:i], 1, *p[i + 1 :]] for p in paths for i in range(len(p))]
-    return sorted(paths, key=lambda p: (len(p), p))
+    return sorted(paths, key=lambda p: (len(p), p))[:nodes]
+
+
+def default_tree_problem(settings: MedusaSection, backend: str) -> str | None:
+    """Why a config without choices cannot be served by the backend's default tree, mc_sim_7b_63 (None: it can)."""
+    if backend == "torch":
+        return "trtspec has no copy of the backend's default mc_sim_7b_63"
+    if settings.num_heads < DEFAULT_TREE_DEPTH or settings.max_token_len < DEFAULT_TREE_NODES:
+        return (
+            f"the backend's default mc_sim_7b_63 needs num_heads >= {DEFAULT_TREE_DEPTH} and max_token_len >= "
+            f"{DEFAULT_TREE_NODES}"
+        )
+    return None
 
 
 def choices_text(choices: list[list[int]]) -> str:
@@ -138,7 +151,7 @@ class Medusa(SpecMode):
         if self.settings(cfg).choices is None:
             return (
                 "backend torch serves the static tree medusa.choices gives, as TensorRT-LLM's engines verify it: "
-                "set medusa.choices (trtspec has no copy of the backend's default mc_sim_7b_63)"
+                f"set medusa.choices ({default_tree_problem(self.settings(cfg), 'torch')})"
             )
         return None
 
@@ -196,14 +209,8 @@ class Medusa(SpecMode):
             if section is not None and section.quantization != "none":
                 errors.append((f"{field}.quantization", "Medusa's convert takes FP16/BF16 weights only (README)"))
         if s.choices is None:
-            if not torch and (s.num_heads < DEFAULT_TREE_DEPTH or s.max_token_len < DEFAULT_TREE_NODES):
-                errors.append(
-                    (
-                        "medusa.choices",
-                        f"unset, so the backend's mc_sim_7b_63 tree: it needs num_heads >= "
-                        f"{DEFAULT_TREE_DEPTH} and max_token_len >= {DEFAULT_TREE_NODES}; set choices to fit",
-                    )
-                )
+            if not torch and (why := default_tree_problem(s, cfg.build.backend)):
+                errors.append(("medusa.choices", f"unset: {why}; set choices to fit"))
             return errors
         deepest, nodes = max(map(len, s.choices)), len(s.choices)
         if why := choices_problem(s.choices):
@@ -270,12 +277,13 @@ class Medusa(SpecMode):
     ) -> dict[str, Any]:
         """As many heads as the checkpoint has; a tree of its own where the backend's default does not fit
         (backend torch has no copy of mc_sim_7b_63, which needs 4 heads), so the config builds as written."""
-        section = MedusaSection().model_dump()
+        section = MedusaSection()
         if draft_config.get("medusa_num_heads"):
-            section["num_heads"] = int(draft_config["medusa_num_heads"])
-        if backend == "torch" or section["num_heads"] < DEFAULT_TREE_DEPTH:
-            section["choices"] = runner_up_once_tree(section["num_heads"])
-        return {self.section: section}
+            section.num_heads = int(draft_config["medusa_num_heads"])
+        if default_tree_problem(section, backend):
+            room = section.max_token_len if backend != "torch" else min(section.max_token_len, MAX_TREE_NODES)
+            section.choices = runner_up_once_tree(section.num_heads, room)
+        return {self.section: section.model_dump()}
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
