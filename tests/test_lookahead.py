@@ -182,7 +182,7 @@ def test_a_lookahead_deployment_builds_packages_and_serves_on_the_engine_flavour
     # fewer run (TensorRT-LLM's executor checks <=, as the stand-in served (3, 2, 1) above): a warning
     for wng, severity in (((3, 2, 1), "warning"), ((5, 3, 2), "error")):
         other = _deployment(target_path, tmp_path, wng=wng)
-        found = [f for f in run_check(other).findings if f.code == "lookahead-draft-len"]
+        found = [f for f in run_check(other).findings if f.code == "tree-draft-len"]
         assert [f.severity for f in found] == [severity] and "max_draft_len 11" in found[0].message
 
 

@@ -39,6 +39,7 @@ def test_a_medusa_deployment_builds_packages_and_serves_its_static_tree(tmp_path
     as plain decoding."""
     from trtspec.build.builder import run_build
     from trtspec.check import run_check
+    from trtspec.modes.medusa import parse_choices
     from trtspec.repository.package import package_repository
     from trtspec.repository.serving import engine_from_parameters
 
@@ -73,8 +74,14 @@ def test_a_medusa_deployment_builds_packages_and_serves_its_static_tree(tmp_path
         engine_from_parameters({**p, "medusa_choices": "{0}, {1, 0}"}, slots=2)
     # a tree bigger than the room the engine was built with is refused, as TensorRT-LLM's engine refuses it
     wide = ", ".join([*(f"{{{i}}}" for i in range(8)), *(f"{{0, {i}}}" for i in range(56))])  # 64 nodes
-    with pytest.raises(UsageError, match=r"built with max_draft_len 63; the medusa settings .* need 64"):
+    with pytest.raises(UsageError, match=r"built with max_draft_len 63; the medusa settings need 64"):
         engine_from_parameters({**p, "medusa_choices": wide}, slots=2)
+    # and check finds it first, in a config grown past the built engine's room
+    grown = _deployment(tmp_path, medusa={"max_token_len": 64, "choices": parse_choices(wide)})
+    found = [f for f in run_check(grown).findings if f.code == "tree-draft-len"]
+    assert [f.severity for f in found] == ["error"] and "max_draft_len 63; the medusa settings need 64" in found[
+        0
+    ].message
 
 
 def test_medusa_is_refused_where_its_tree_would_not_be_served(tmp_path):

@@ -546,13 +546,16 @@ def test_check_refuses_w_n_g_the_built_engine_does_not_match(tmp_path, runner, m
     built = engine_dir_for(cfg) / "target"
     built.mkdir(parents=True)
     (built / "config.json").write_text(json.dumps({"build_config": {"max_draft_len": 83}}))
-    assert "lookahead-draft-len" not in {f.code for f in run_check(cfg).findings}
+    assert "tree-draft-len" not in {f.code for f in run_check(cfg).findings}
     (built / "config.json").write_text(json.dumps({"build_config": {"max_draft_len": 23}}))
-    found = [f for f in run_check(cfg).findings if f.code == "lookahead-draft-len"]
-    assert found and found[0].severity == "error" and "needs 83" in found[0].message
+    found = [f for f in run_check(cfg).findings if f.code == "tree-draft-len"]
+    assert found and found[0].severity == "error" and "need 83" in found[0].message
     (built / "config.json").write_text(json.dumps({"build_config": {"max_draft_len": 90}}))  # room to spare
-    found = [f for f in run_check(cfg).findings if f.code == "lookahead-draft-len"]
+    found = [f for f in run_check(cfg).findings if f.code == "tree-draft-len"]
     assert [f.severity for f in found] == ["warning"] and "drafts at most 83" in found[0].message
+    (built / "config.json").write_text(json.dumps({"build_config": {}}))  # no room recorded: none to run in
+    found = [f for f in run_check(cfg).findings if f.code == "tree-draft-len"]
+    assert [f.severity for f in found] == ["error"] and "max_draft_len None" in found[0].message
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ finding names its issue or PR number where there is one.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from trtspec import support
@@ -23,6 +24,7 @@ from trtspec.checkpoints.memory import MemoryPlan, ModelMemory, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
 from trtspec.config import DeploymentConfig
 from trtspec.deploy import sizing
+from trtspec.errors import UsageError
 from trtspec.families import convert_family
 from trtspec.modes import get_mode
 from trtspec.versions import minor
@@ -457,6 +459,36 @@ def detect_gpu() -> tuple[float | None, float | None]:
     return props.major + props.minor / 10, props.total_memory / 1e9
 
 
+def built_engine(cfg: DeploymentConfig) -> tuple[Path, dict[str, Any]] | None:
+    """The built target engine's folder and config (None: not built, or unreadable, which build reports)."""
+    from trtspec.build.builder import engine_dir_for
+    from trtspec.build.torch_engine import read_engine_config
+
+    engine = engine_dir_for(cfg) / "target"
+    if not (engine / "config.json").is_file():
+        return None
+    try:  # a compiled engine's config.json, or a torch engine's engine.json
+        return engine, read_engine_config(engine)
+    except UsageError:
+        return None
+
+
+def _check_engine_room(cfg: DeploymentConfig, report: Report) -> None:
+    """A tree the mode's settings fix (lookahead's (W, N, G), Medusa's choices) must fit the built engine's
+    max_draft_len: found here, not when the server refuses to start."""
+    spec = get_mode(cfg.mode)
+    if spec.settings_model is None or (built := built_engine(cfg)) is None:
+        return
+    engine, config = built
+    if why := spec.engine_room_problem(spec.settings(cfg).model_dump(), config):
+        report.add(
+            "error",
+            "tree-draft-len",
+            f"{engine}: {why}",
+            f"rebuild the engine (trtspec build) or change the {spec.section} settings to fit it",
+        )
+
+
 def run_check(cfg: DeploymentConfig) -> Report:
     report = Report()
     target = _load(cfg, "target", report)
@@ -472,6 +504,7 @@ def run_check(cfg: DeploymentConfig) -> Report:
         _check_differences(target, draft, report)
     _check_support(cfg, target, draft, gpu_sm, report)
     spec.check(cfg, target, loaded, report)
+    _check_engine_room(cfg, report)
     _check_limits(cfg, target, draft, report)
     _check_quantization(cfg, {"target": target, "draft": draft}, report)
     if target is not None:

@@ -167,6 +167,16 @@ class SpecMode:
         refuses settings that need more than it was built with, as TensorRT-LLM's does."""
         return None
 
+    def engine_room_problem(self, settings: dict[str, Any], engine: dict[str, Any]) -> str | None:
+        """Why an engine (its config: a compiled engine's config.json, a torch engine's engine.json) cannot
+        run the tree these settings fix (None: it can). TensorRT-LLM's executor takes settings that need up to
+        the engine's max_draft_len (trtGptModelInflightBatching.cpp: `maxDraftTokens <= getMaxDecodingDraftTokens`)."""
+        need = self.tree_draft_len(settings)
+        room = engine.get("build_config", {}).get("max_draft_len")
+        if need is None or (isinstance(room, int) and need <= room):
+            return None
+        return f"the engine was built with max_draft_len {room}; the {self.name} settings need {need}"
+
     def own_tree(self, cfg: DeploymentConfig) -> TreeShape | None:
         """runner_tree for the config's section (its defaults where the config has none)."""
         section = self.settings(cfg)

@@ -182,34 +182,19 @@ class Lookahead(SpecMode):
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
     ) -> None:
-        """The server's (W, N, G) may need no more drafts than the engine's max_draft_len (the executor's
-        check): an engine built for less is found here, not when the server refuses to start. Fewer is what
-        NVIDIA's code runs but not what its README builds: a warning, as the engine holds room it never uses."""
-        from trtspec.build.builder import engine_dir_for
-        from trtspec.build.torch_engine import read_engine_config
-        from trtspec.errors import UsageError
+        """Beyond check's rule for every tree (no more drafts than the engine's max_draft_len): fewer is what
+        NVIDIA's code runs but not what its README builds, a warning, as the engine holds room it never uses."""
+        from trtspec.check import built_engine
 
-        engine = engine_dir_for(cfg) / "target"
-        if not (engine / "config.json").is_file():
+        if (built := built_engine(cfg)) is None:
             return
-        try:  # a compiled engine's config.json, or a torch engine's engine.json
-            built = read_engine_config(engine)
-        except UsageError:
-            return
-        longest = built.get("build_config", {}).get("max_draft_len")
+        engine, longest = built[0], built[1].get("build_config", {}).get("max_draft_len")
         s = self.settings(cfg)
         need, wng = self.draft_len(cfg), f"({s.window_size}, {s.ngram_size}, {s.verification_set_size})"
-        if not isinstance(longest, int) or longest < need:
-            report.add(
-                "error",
-                "lookahead-draft-len",
-                f"{engine}: the engine has max_draft_len {longest}; lookahead {wng} needs {need}",
-                "rebuild the engine (trtspec build) or set lookahead back to the settings it was built with",
-            )
-        elif longest > need:
+        if isinstance(longest, int) and longest > need:
             report.add(
                 "warning",
-                "lookahead-draft-len",
+                "tree-draft-len",
                 f"{engine}: the engine has max_draft_len {longest}; lookahead {wng} drafts at most {need}, which "
                 "TensorRT-LLM's executor runs, with the engine's room for the rest unused",
                 "rebuild the engine (trtspec build) to size it for these settings",

@@ -92,12 +92,9 @@ def engine_from_parameters(p: dict[str, str], slots: int) -> BatchEngine:
     k = int(p.get("trtspec_num_draft_tokens", "1")) if spec.speculates() else 0
     dtype = resolve_dtype(p.get("trtspec_dtype", "auto"), device)
     settings = spec.triton_settings(p)
-    need = spec.tree_draft_len(settings)
-    room = read_engine_config(engine_dir).get("build_config", {}).get("max_draft_len") if need else None
-    if need is not None and room is not None and need > room:
+    if why := spec.engine_room_problem(settings, read_engine_config(engine_dir)):
         raise UsageError(
-            f"{engine_dir}: the engine was built with max_draft_len {room}; the {spec.name} settings in this "
-            f"model's parameters need {need}: rebuild it (trtspec build) or serve settings that fit"
+            f"{engine_dir}: {why} (this model's parameters): rebuild it (trtspec build) or serve settings that fit"
         )
     heads = p.get("trtspec_draft_dir")
     runner = load_runner(
