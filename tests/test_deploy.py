@@ -516,3 +516,24 @@ def test_local_checkpoints_are_expected_on_the_volume(tmp_path):
     assert k8s.cluster_config(cfg)["target"]["checkpoint"] == "/workspace/checkpoints/my-target"
     volumes = compose(cfg, tmp_path)["services"]["build"]["volumes"]
     assert f"{tmp_path / 'my-target'}:/workspace/checkpoints/my-target:ro" in volumes
+
+
+def test_two_local_checkpoints_of_one_folder_name_get_two_places_on_the_volume(tmp_path):
+    """.../target/hf and .../draft/hf (a model and the self-draft cut beside it) must not land on one path:
+    the pods would run the target as its own draft."""
+    from trtspec.assets import EMBEDDED_CHECKPOINTS
+
+    for role, name in (("target", "tiny-target"), ("draft", "tiny-draft")):
+        shutil.copytree(EMBEDDED_CHECKPOINTS[name], tmp_path / role / "hf")
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    data["target"]["checkpoint"], data["draft"]["checkpoint"] = str(tmp_path / "target/hf"), str(tmp_path / "draft/hf")
+    cluster = k8s.cluster_config(validate_config(data))
+    assert cluster["target"]["checkpoint"] == "/workspace/checkpoints/hf"
+    assert cluster["draft"]["checkpoint"] == "/workspace/checkpoints/hf-draft"
+    volumes = compose(validate_config(data), tmp_path)["services"]["build"]["volumes"]
+    assert {
+        f"{tmp_path / 'target/hf'}:/workspace/checkpoints/hf:ro",
+        f"{tmp_path / 'draft/hf'}:/workspace/checkpoints/hf-draft:ro",
+    } <= set(volumes)
+    data["draft"]["checkpoint"] = data["target"]["checkpoint"]  # one folder for both: one place
+    assert k8s.cluster_config(validate_config(data))["draft"]["checkpoint"] == "/workspace/checkpoints/hf"

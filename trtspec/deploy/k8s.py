@@ -33,15 +33,21 @@ GROUP_KEY_FIELD = "metadata.labels['leaderworkerset.sigs.k8s.io/group-key']"
 
 
 def local_checkpoints(cfg: DeploymentConfig) -> dict[str, dict[str, str]]:
-    """Role -> {local dir: where the pods expect it on the volume} (the README step copies it there)."""
-    moved = {}
+    """Role -> {local dir: where the pods expect it on the volume} (the README step copies it there). Two
+    folders of one name (.../target/hf and .../draft/hf, a model and its self-draft cut) get two places."""
+    moved: dict[str, dict[str, str]] = {}
     for role in ("target", "draft"):
         section = getattr(cfg, role)
         if section is None or section.checkpoint.startswith("embedded:"):
             continue
         local = cfg.checkpoint_path(section)
-        if local is not None:
-            moved[role] = {str(local): str(WORKSPACE / "checkpoints" / local.name)}
+        if local is None:
+            continue
+        taken = {dest: src for places in moved.values() for src, dest in places.items()}
+        dest = str(WORKSPACE / "checkpoints" / local.name)
+        if taken.get(dest, str(local)) != str(local):
+            dest = str(WORKSPACE / "checkpoints" / f"{local.name}-{role}")
+        moved[role] = {str(local): dest}
     return moved
 
 
