@@ -549,3 +549,33 @@ def test_written_checkpoints_take_the_umask_as_a_plain_open_would(tmp_path, umas
     for path in written:
         want = (0o777 if path.is_dir() else 0o666) & ~umask
         assert stat.S_IMODE(path.stat().st_mode) == want, (path, oct(path.stat().st_mode))
+
+
+def test_deploy_force_keeps_the_compose_workspace_and_never_deletes_the_config_or_cwd(runner, tmp_path, monkeypatch):
+    """--force replaces the files deploy wrote; the compose build's engines and repository under workspace/
+    stay, and a --out holding the current directory or the config is refused before anything is touched."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text((CONFIGS / "tiny-draft-target.yaml").read_text())
+    out = tmp_path / "dc"
+    assert runner.invoke(cli, ["deploy", str(config), "--target", "docker", "--out", str(out)]).exit_code == 0
+    built = out / "workspace" / "engines" / "tiny-draft-target" / "manifest.json"
+    built.parent.mkdir(parents=True)
+    built.write_text("{}")
+    (out / "compose.yaml").write_text("edited")
+    res = runner.invoke(cli, ["deploy", str(config), "--target", "docker", "--out", str(out), "--force"])
+    assert res.exit_code == 0, res.output
+    assert built.read_text() == "{}" and "services" in (out / "compose.yaml").read_text()
+    assert not list(tmp_path.glob(".*old")) and not list(tmp_path.glob(".staging-*"))
+    (tmp_path / "precious.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    for where, says in ((".", "holds the current directory"), (str(tmp_path.parent), "holds the current directory")):
+        line = one_line_error(
+            runner.invoke(cli, ["deploy", str(config), "--target", "docker", "--out", where, "--force"]), 2
+        )
+        assert says in line
+    monkeypatch.chdir(tmp_path.parent)  # not inside --out: the config is what it holds
+    res = runner.invoke(cli, ["deploy", str(config), "--target", "docker", "--out", str(tmp_path), "--force"])
+    line = one_line_error(res, 2)
+    assert "holds the config" in line
+    assert snapshot(tmp_path) == before

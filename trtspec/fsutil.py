@@ -117,8 +117,9 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return path
 
 
-def replace_dir(staging: Path, final: Path) -> None:
-    """Move a finished staging directory into place, replacing an older one."""
+def replace_dir(staging: Path, final: Path, keep: tuple[str, ...] = ()) -> None:
+    """Move a finished staging directory into place, replacing an older one; the older one's entries named in
+    `keep` (what other tools wrote into it) move into the new one, and stay in `.NAME.old` if that fails."""
     final.parent.mkdir(parents=True, exist_ok=True)
     old = None
     if final.exists():
@@ -126,5 +127,10 @@ def replace_dir(staging: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(staging, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    if old is None:
+        return
+    for name in keep:
+        if (old / name).exists():
+            shutil.rmtree(final / name, ignore_errors=True)
+            os.replace(old / name, final / name)
+    shutil.rmtree(old, ignore_errors=True)

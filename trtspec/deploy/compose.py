@@ -19,6 +19,8 @@ from trtspec.deploy.topology import CONFIG_PATH, WORKSPACE, image_for, topology
 from trtspec.errors import UsageError
 from trtspec.versions import container_tag
 
+WORKSPACE_DIR = "workspace"  # beside compose.yaml: the volume its build writes engines and the repository into
+
 
 def source_root() -> Path:
     """The checkout the images build from: Dockerfiles copy trtspec's sources, not an installed wheel."""
@@ -42,7 +44,7 @@ def compose(cfg: DeploymentConfig, out: Path) -> dict[str, Any]:
     }
     if not topo.cpu_only:
         build["args"] = {"TRITON_TAG": container_tag(cfg.build.tensorrt_llm_version)}
-    volumes = [f"./{CONFIG_PATH.name}:{CONFIG_PATH}:ro", f"./workspace:{WORKSPACE}"]
+    volumes = [f"./{CONFIG_PATH.name}:{CONFIG_PATH}:ro", f"./{WORKSPACE_DIR}:{WORKSPACE}"]
     volumes += [f"{local}:{inside}:ro" for moved in local_checkpoints(cfg).values() for local, inside in moved.items()]
     common: dict[str, Any] = {
         "image": image_for(cfg),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,7 +14,7 @@ from trtspec.config import DeploymentConfig
 from trtspec.deploy import compose, k8s, monitoring
 from trtspec.deploy.topology import orchestrated, topology
 from trtspec.errors import UsageError, shorten
-from trtspec.fsutil import replace_dir, write_error
+from trtspec.fsutil import readable_by_others, replace_dir, write_error
 
 Target = Literal["k8s", "docker"]
 
@@ -69,13 +69,26 @@ def rendered_files(cfg: DeploymentConfig, target: Target, out: Path) -> dict[str
     return {
         "compose.yaml": _yaml([compose.compose(cfg, out)], cfg),
         "trtspec.yaml": _yaml([k8s.cluster_config(cfg)], cfg),
-        "workspace/.keep": "",
+        f"{compose.WORKSPACE_DIR}/.keep": "",
         "monitoring/prometheus.yml": _yaml(
             [monitoring.prometheus_config(cfg, f"triton:{cfg.serve.metrics_port}")], cfg
         ),
         "monitoring/rules.yml": _yaml([{"groups": monitoring.rule_groups(cfg)}], cfg),
         f"monitoring/{k8s.dashboard_file(cfg)}": _json(monitoring.dashboard(cfg)),
     }
+
+
+def _refuse_replacing_what_it_holds(cfg: DeploymentConfig, out: Path) -> None:
+    """--force replaces --out: never a folder that holds the current directory or the config being deployed."""
+    where, here = out.resolve(), Path.cwd().resolve()
+    if where == here or where in here.parents:
+        raise UsageError(
+            f"{shorten(out)} holds the current directory; --force would delete it: name a folder of its own"
+        )
+    if cfg.source is not None and where in cfg.source.resolve().parents:
+        raise UsageError(
+            f"{shorten(out)} holds the config {shorten(cfg.source)}; --force would delete it: name a folder of its own"
+        )
 
 
 def write_deployment(cfg: DeploymentConfig, target: Target, out: Path, force: bool = False) -> list[Path]:
@@ -88,15 +101,21 @@ def write_deployment(cfg: DeploymentConfig, target: Target, out: Path, force: bo
         raise write_error(exc, out) from None
     if not_empty and not force:
         raise UsageError(f"{shorten(out)} exists and is not empty (use --force to replace it)")
-    staging = out.parent / f".staging-{out.name}-{os.getpid()}"
+    if not_empty:
+        _refuse_replacing_what_it_holds(cfg, out)
+    staging = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".staging-{out.name}-", dir=out.parent))  # this process's own
+        readable_by_others(staging)
         for name, text in files.items():
             path = staging / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-        replace_dir(staging, out)
+        replace_dir(staging, out, keep=(compose.WORKSPACE_DIR,) if target == "docker" else ())
     except OSError as exc:
         raise write_error(exc, out) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return [out / name for name in files]
