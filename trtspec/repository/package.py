@@ -14,9 +14,8 @@ Four repositories, one client contract:
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
+import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from trtspec.build.shared_gpu import shared_gpu_plan
 from trtspec.build.torch_engine import read_engine_config
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import TrtspecError, UsageError
-from trtspec.fsutil import atomic_write_text, replace_dir
+from trtspec.fsutil import atomic_write_text, readable_by_others, replace_dir
 from trtspec.modes import get_mode
 from trtspec.repository import contract, engine, llmapi
 from trtspec.repository.pbtxt import render
@@ -262,10 +261,12 @@ def package_repository(
             )
         writer = partial(writer, nvidia_models=nvidia_models.rstrip("/"), root=container_root.rstrip("/"))
     final = repository_dir_for(cfg)
-    # per host and process: pods on a shared volume have the same pids
-    staging = final.parent / f".staging-{final.name}-{socket.gethostname()}-{os.getpid()}"
+    staging = None
     try:
-        staging.mkdir(parents=True)
+        # a folder of its own: pods on a shared volume have the same pids, a restarted pod its name and pid
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".staging-{final.name}-", dir=final.parent))
+        readable_by_others(staging)
         writer(cfg, staging)
         if cfg.build.backend in ("tensorrt", "pytorch") and (problems := contract.violations(staging)):
             raise TrtspecError(f"{final} would not load in NVIDIA's container: {'; '.join(problems)}")
@@ -276,5 +277,6 @@ def package_repository(
     except OSError as exc:
         raise UsageError(f"cannot write {final}: {exc.strerror or exc}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return final
