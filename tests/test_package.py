@@ -15,7 +15,8 @@ import yaml
 from conftest import CONFIGS
 
 from trtspec.cli import cli
-from trtspec.config import load_config
+from trtspec.config import load_config, validate_config
+from trtspec.errors import UsageError
 from trtspec.repository import engine, package
 from trtspec.repository.pbtxt import parse
 
@@ -233,3 +234,22 @@ def test_the_bls_model_relays_requests_without_loading_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_package_refuses_engines_built_from_an_earlier_edit(tmp_path, monkeypatch):
+    """package writes the config's digest into the repository, which the launcher trusts: after an edit that
+    build would rebuild for (the draft's dtype here), packaging the old engines would stamp them as the new config's."""
+    from trtspec.build.builder import run_build
+    from trtspec.repository.package import package_repository
+
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    cfg = validate_config(data, tmp_path / "c.yaml")
+    run_build(cfg)
+    assert package_repository(cfg).is_dir()
+    data["draft"]["dtype"] = "bfloat16"  # (a K within the engine's headroom is a serve-time change: no rebuild)
+    edited = validate_config(data, tmp_path / "c.yaml")
+    with pytest.raises(UsageError, match=r"engine in .* was built from another config or checkpoint.*trtspec build"):
+        package_repository(edited)
+    run_build(edited)
+    assert package_repository(edited).is_dir()

@@ -21,7 +21,13 @@ from pathlib import Path
 
 import yaml
 
-from trtspec.build.builder import engine_dir_for, refuse_unapplied_quantization, resolve_num_draft_tokens, torch_roles
+from trtspec.build.builder import (
+    engine_dir_for,
+    plan_steps,
+    refuse_unapplied_quantization,
+    resolve_num_draft_tokens,
+    torch_roles,
+)
 from trtspec.build.manifest import Manifest
 from trtspec.build.recipes import llm_api_options
 from trtspec.build.shared_gpu import shared_gpu_plan
@@ -62,6 +68,13 @@ def _built(cfg: DeploymentConfig) -> tuple[Path, Manifest]:
     manifest = Manifest.load(engines)
     if manifest is None or manifest.backend != cfg.build.backend or manifest.mode != cfg.mode:
         raise UsageError(f"no {cfg.build.backend} build of {cfg.name} in {engines}: run `trtspec build` first")
+    # the engines of this config, not of an earlier edit (K, a checkpoint, a limit): what build would rebuild
+    steps, _ = plan_steps(cfg, engines, resolve_num_draft_tokens(cfg, engines))
+    if stale := [s.name for s in steps if not manifest.current(s.name, s.key, engines)]:
+        raise UsageError(
+            f"the {' and '.join(stale)} engine in {engines} was built from another config or checkpoint than "
+            f"{cfg.name}'s: run `trtspec build` first"
+        )
     return engines.resolve(), manifest
 
 
