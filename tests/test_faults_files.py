@@ -13,6 +13,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -579,3 +580,40 @@ def test_deploy_force_keeps_the_compose_workspace_and_never_deletes_the_config_o
     line = one_line_error(res, 2)
     assert "holds the config" in line
     assert snapshot(tmp_path) == before
+
+
+def test_heads_given_as_a_draft_model_are_one_line_everywhere(runner, tmp_path, monkeypatch):
+    """Medusa heads under draft-target (init's default mode) are no decoder: check says so as a finding, deploy
+    sizes them as files, build and generate refuse naming the heads, never a staging folder or a KeyError."""
+    monkeypatch.chdir(tmp_path)
+    args = ["init", "--target", "embedded:tiny-target", "--draft", "embedded:tiny-medusa", "--backend", "torch"]
+    assert runner.invoke(cli, [*args, "--out", "c.yaml"]).exit_code == 0
+    res = runner.invoke(cli, ["check", "c.yaml", "--json"])
+    found = {f["code"]: f for f in json.loads(res.output)["findings"]}
+    assert res.exit_code != 0 and "num_hidden_layers" in found["model-config"]["message"]
+    res = runner.invoke(cli, ["deploy", "c.yaml", "--check"])
+    assert isinstance(res.exception, SystemExit | None) and "smallest cluster" in res.output, res.output
+    for command in (["build", "c.yaml"], ["generate", "c.yaml", "--prompt", "hi"]):
+        line = one_line_error(runner.invoke(cli, command), 2)
+        assert "tiny-medusa: config.json names no architectures" in line and ".staging" not in line, line
+    assert not (tmp_path / "engines" / "tiny-target" / "draft").exists()
+
+
+def test_a_broken_tokenizer_or_a_refused_prompt_is_one_line_without_the_prompt(runner, tmp_path):
+    from trtspec.assets import EMBEDDED_CHECKPOINTS
+
+    shutil.copytree(EMBEDDED_CHECKPOINTS["tiny-target"], tmp_path / "t")
+    config = tmp_path / "c.yaml"
+    args = ["init", "--target", str(tmp_path / "t"), "--mode", "ngram", "--backend", "torch", "--out", str(config)]
+    assert runner.invoke(cli, args).exit_code == 0
+    long_prompt = "word " * 400
+    line = one_line_error(runner.invoke(cli, ["generate", str(config), "--prompt", long_prompt]), 2)
+    assert (
+        "max_input_len" in line
+        and "word word" not in runner.invoke(cli, ["generate", str(config), "--prompt", long_prompt]).output
+    )
+    shutil.copytree(tmp_path / "t", tmp_path / "broken")  # another path: a process loads a tokenizer once
+    (tmp_path / "broken" / "tokenizer.json").write_text("garbage{")
+    config.write_text(config.read_text().replace(str(tmp_path / "t"), str(tmp_path / "broken")))
+    line = one_line_error(runner.invoke(cli, ["generate", str(config), "--prompt", "hi"]), 2)
+    assert "cannot load a tokenizer" in line

@@ -20,7 +20,7 @@ from trtspec.checkpoints.inspect import (
     read_checkpoint,
     vocab_rows_mismatch,
 )
-from trtspec.checkpoints.memory import MemoryPlan, ModelMemory, model_memory
+from trtspec.checkpoints.memory import MemoryPlan, ModelMemory, missing_size_keys, model_memory
 from trtspec.checkpoints.tokenizer_compare import compare
 from trtspec.config import DeploymentConfig
 from trtspec.deploy import sizing
@@ -68,6 +68,19 @@ def _load(cfg: DeploymentConfig, field: str, report: Report) -> CheckpointInfo |
         )
         return None
     return read_checkpoint(path)
+
+
+def _decoder(role: str, info: CheckpointInfo | None, report: Report) -> CheckpointInfo | None:
+    """A model checkpoint whose config.json describes a decoder trtspec can size; None (and an error) if not."""
+    if info is None or not (missing := missing_size_keys(info.config)):
+        return info
+    report.add(
+        "error",
+        "model-config",
+        f"{role} {info.path}: config.json has no {', '.join(missing)}, so it is no decoder trtspec can read",
+        "point it at a Hugging Face decoder checkpoint (Medusa or EAGLE-3 heads: --mode medusa or eagle3)",
+    )
+    return None
 
 
 def _check_weights(infos: dict[str, CheckpointInfo | None], report: Report) -> None:
@@ -496,6 +509,7 @@ def run_check(cfg: DeploymentConfig) -> Report:
     loaded = _load(cfg, "draft", report) if cfg.draft is not None and spec.needs_draft else None
     # a head (EAGLE-3, Medusa) is not a model: the mode checks it against the target, the model checks skip it
     draft, heads = (None, loaded) if spec.draft_head else (loaded, None)
+    target, draft = (_decoder(role, info, report) for role, info in (("target", target), ("draft", draft)))
     gpu_sm, gpu_gb = detect_gpu()
     gpu_gb = cfg.build.gpu_memory_gb or gpu_gb
     _check_weights({"target": target, "draft": draft}, report)

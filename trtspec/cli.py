@@ -325,8 +325,17 @@ def generate(
     if as_json:
         _print_json(generate_text(cfg, req))
         return
-    click.echo(prompt, nl=False)
-    result = generate_text(cfg, req, on_text=lambda text: click.echo(text, nl=False))
+    shown = []  # the prompt is echoed with the first text, so a refused request prints only its error
+
+    def show(text: str) -> None:
+        if not shown:
+            click.echo(prompt, nl=False)
+            shown.append(True)
+        click.echo(text, nl=False)
+
+    result = generate_text(cfg, req, on_text=show)
+    if not shown:
+        click.echo(prompt, nl=False)
     s = result["stats"]
     click.echo()
     click.echo(

@@ -30,12 +30,12 @@ class GenerateRequest:
 def generate_text(
     cfg: DeploymentConfig, req: GenerateRequest, on_text: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    from transformers import AutoTokenizer
+    from trtspec.bench.datasets import load_tokenizer
 
     mode = req.mode or cfg.mode
     runner = runner_for(cfg, mode, req.num_draft_tokens, tree=req.tree)
     target_path = cfg.checkpoint_path(cfg.target)
-    tokenizer = AutoTokenizer.from_pretrained(str(target_path))
+    tokenizer = load_tokenizer(str(target_path))  # one line for a broken tokenizer.json
     s = cfg.speculation.sampling
     sampling = SamplingParams(
         temperature=s.temperature if req.temperature is None else req.temperature,

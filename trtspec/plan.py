@@ -253,7 +253,7 @@ def run_plan(
     max_prompt_tokens: int = 256,
     methods: list[str] | None = None,
 ) -> dict[str, Any]:
-    from transformers import AutoTokenizer
+    from trtspec.bench.datasets import load_tokenizer
 
     if not get_mode(cfg.mode).speculates():
         raise UsageError("speculation.mode is none: there is nothing to plan")
@@ -283,7 +283,7 @@ def run_plan(
         settings=mode_settings(cfg),
     )
     modes = method_modes(cfg, runner.target, methods)  # an unknown --methods is refused before measuring
-    tokenizer = AutoTokenizer.from_pretrained(str(target_path))
+    tokenizer = load_tokenizer(str(target_path))
     s = cfg.speculation.sampling
     sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
     acc = measure_acceptance(runner, tokenizer, prompts, max_tokens, sampling, max_prompt_tokens)

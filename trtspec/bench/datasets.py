@@ -45,7 +45,7 @@ def load_tokenizer(ref: str):
     try:
         return AutoTokenizer.from_pretrained(ref)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"--tokenizer {ref}: cannot load a tokenizer: {str(exc).splitlines()[0]}") from None
+        raise UsageError(f"{ref}: cannot load a tokenizer: {str(exc).splitlines()[0]}") from None
 
 
 def count_tokens(tokenizer, text: str) -> int:

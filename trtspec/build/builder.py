@@ -170,6 +170,10 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
             t0 = time.perf_counter()
             if head:
                 refuse_unfit_head(cfg, path)
+            else:  # named by the checkpoint, before its engine is staged
+                from trtspec.speculative.model import refuse_unsupported_architecture
+
+                refuse_unsupported_architecture(path, read_hf_config(path))
             load = (lambda out: spec.load_draft(out, dtype, "cpu", build["max_seq_len"])) if head else None
             write_torch_engine(path, staging, dtype, role, build, load)
             seconds = time.perf_counter() - t0

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trtspec.errors import UsageError
+
 DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}
 QUANT_BYTES = {"fp8": 1.0, "int8_weight_only": 1.0, "int4_weight_only": 0.5, "int4_awq": 0.5, "nvfp4": 0.5625}
 RUNTIME_RESERVE_GB = 3.0  # CUDA context, activations and workspaces outside the KV pool (an estimate)
@@ -52,8 +54,18 @@ def _mlp_params(cfg: dict[str, Any], layer: int) -> int:
     return 3 * d * cfg["intermediate_size"]
 
 
+SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")  # what sizing reads
+
+
+def missing_size_keys(cfg: dict[str, Any]) -> list[str]:
+    """The keys of a decoder's config.json that sizing needs and this one lacks (a GPT-2-style config, a head)."""
+    return [key for key in SIZE_KEYS if not cfg.get(key)]
+
+
 def parameter_count(cfg: dict[str, Any], include_mtp: bool = True) -> int:
     """Parameters of the model (and of its MTP layers, which share embedding and head)."""
+    if missing := missing_size_keys(cfg):
+        raise UsageError(f"config.json has no {', '.join(missing)}: trtspec sizes decoders described as Llama's are")
     d, vocab, layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     total = vocab * d * (1 if cfg.get("tie_word_embeddings") else 2)
     for layer in range(layers):

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trtspec.checkpoints.inspect import CheckpointInfo, pre_quantized, read_hf_config
-from trtspec.checkpoints.memory import DTYPE_BYTES, QUANT_BYTES, RUNTIME_RESERVE_GB, model_memory, parameter_count
+from trtspec.checkpoints.memory import (
+    DTYPE_BYTES,
+    QUANT_BYTES,
+    RUNTIME_RESERVE_GB,
+    missing_size_keys,
+    model_memory,
+    parameter_count,
+)
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.deploy.topology import topology
 from trtspec.errors import ConfigError, shorten
@@ -348,7 +355,8 @@ def weights_gb_per_gpu(cfg: DeploymentConfig) -> float | None:
         return None
     total = 0.0
     for c in found:
-        if _is_heads(cfg, c.section):  # heads (EAGLE-3, Medusa) held whole by every GPU: on the safe side
+        # heads (EAGLE-3, Medusa), or what no decoder config describes (check says so), held whole by every GPU
+        if _is_heads(cfg, c.section) or missing_size_keys(c.config):
             total += c.disk_bytes
             continue
         quantization = _served_quantization(cfg, c)

@@ -438,6 +438,18 @@ def _refuse_mismatched_shapes(path: Path, state: dict[str, torch.Tensor], expect
             )
 
 
+def refuse_unsupported_architecture(path: Path, hf: dict) -> None:
+    """One line for a checkpoint the runner cannot load, before anything is written from it."""
+    names = hf.get("architectures") or []
+    if not names:
+        raise UsageError(
+            f"{path}: config.json names no architectures, so it is no model the torch runner loads "
+            f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))}); Medusa or EAGLE-3 heads are the draft of their own mode"
+        )
+    if names[0] not in SUPPORTED_ARCHITECTURES:
+        raise UsageError(f"{path}: the torch runner supports {sorted(SUPPORTED_ARCHITECTURES)}, not {names[0]}")
+
+
 def load_transformer(
     path: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -448,9 +460,7 @@ def load_transformer(
     """Load a Llama-family HF checkpoint (and any DeepSeek-V3-layout MTP layers) into a Transformer."""
     path = Path(path)
     hf = read_hf_config(path)
-    arch = (hf.get("architectures") or ["?"])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UsageError(f"{path}: the torch runner supports {sorted(SUPPORTED_ARCHITECTURES)}, not {arch}")
+    refuse_unsupported_architecture(path, hf)
     dims = dims_from_hf_config(hf)
     if mtp_layers is not None:
         if mtp_layers > dims.num_mtp_layers:
