@@ -77,6 +77,23 @@ def test_init_pair_writes_a_commented_config_that_validates(runner, tmp_path):
     assert again.exit_code == 2 and "already exists" in again.stderr
 
 
+@pytest.mark.parametrize("out", [None, "sub/deep/pair.yaml"])
+def test_init_reads_relative_checkpoint_paths_from_where_it_runs(runner, tmp_path, monkeypatch, out):
+    """Paths typed relative to the current directory are written relative to the config's folder, which is
+    where the config resolves them from; a hub id stays as typed."""
+    monkeypatch.chdir(tmp_path)
+    _fake_checkpoint(tmp_path / "models" / "t")
+    _fake_checkpoint(tmp_path / "d")
+    args = ["init", "--target", "./models/t", "--draft", "d", "--name", "rel", *(["--out", out] if out else [])]
+    assert runner.invoke(cli, args).exit_code == 0
+    cfg = load_config(tmp_path / (out or "configs/rel.yaml"))
+    assert cfg.checkpoint_path(cfg.target) == tmp_path / "models" / "t"
+    assert cfg.checkpoint_path(cfg.draft) == tmp_path / "d"
+    hub = ["init", "--target", "meta-llama/Llama-3.2-1B-Instruct", "--backend", "pytorch", "--out", "h.yaml"]
+    assert runner.invoke(cli, hub).exit_code == 0
+    assert load_config(tmp_path / "h.yaml").target.checkpoint == "meta-llama/Llama-3.2-1B-Instruct"
+
+
 def test_init_mtp_reads_layers_and_refuses_a_checkpoint_without_them(runner, tmp_path):
     mtp = _fake_checkpoint(tmp_path / "ds", num_nextn_predict_layers=1)
     out = tmp_path / "ds.yaml"

@@ -7,6 +7,7 @@ Exit codes: 0 ok, 1 a failed check or run, 2 bad usage or input. Errors are one 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -111,9 +112,20 @@ def init(
         name = "".join(c if c.isalnum() else "-" for c in stem).strip("-")[:63] or "deployment"
     out = out or Path("configs") / f"{name}.yaml"
     base_dir = out.parent.resolve()
+    target, draft = (_from_config(ref, base_dir) if ref else ref for ref in (target, draft))
     data = build_config_dict(name, target, draft, mode, backend, base_dir)  # type: ignore[arg-type]
     path = write_init_config(out, data, force)
     click.echo(f"wrote {path} (mode {mode}, backend {backend}); next: trtspec validate {path}")
+
+
+def _from_config(ref: str, config_dir: Path) -> str:
+    """A checkpoint path typed relative to the current directory, as the config reads it: relative to its own
+    folder. Embedded names, absolute paths and hub ids (org/name with no such folder here) stay as typed."""
+    here = Path(ref).expanduser()
+    if ref.startswith("embedded:") or here.is_absolute() or not (here.exists() or ref.startswith(("./", "../"))):
+        return ref
+    relative = os.path.relpath(here.resolve(), config_dir)
+    return relative if relative.startswith("..") else f"./{relative}"
 
 
 @cli.command()
