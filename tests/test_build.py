@@ -256,6 +256,10 @@ def test_dry_run_lists_steps_and_commands(runner, tmp_path, monkeypatch):
     res = runner.invoke(cli, ["build", str(CONFIGS / "tiny-draft-target.yaml"), "--dry-run"])
     assert res.exit_code == 0 and "num_draft_tokens 2" in res.output
     assert not (tmp_path / "engines").exists()
+    config = str(CONFIGS / "llama-3.3-70b-1b-draft-h200.yaml")
+    res = runner.invoke(cli, ["build", config, "--dry-run", "--emit-script", "s.sh"])  # the script writes files
+    assert res.exit_code == 2 and "choose one" in res.output
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- the torch backend builds for real ------------------------------------------------------------

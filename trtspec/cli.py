@@ -384,6 +384,8 @@ def build(
     cfg = load_config(config)
     if cfg.build.backend == "torch" and emit_script is not None:
         raise UsageError("--emit-script is for backends tensorrt and pytorch; the torch backend builds here")
+    if dry_run and emit_script is not None:
+        raise UsageError("--dry-run writes nothing and --emit-script writes a script (and the repository): choose one")
     if emit_script is not None:
         from trtspec.build.script import write_script
 
