@@ -145,6 +145,11 @@ def test_corrupt_checkpoint_is_a_one_line_error(runner, tmp_path):
     )
     res = runner.invoke(cli, ["generate", str(cfg), "--prompt", "hello"])
     assert res.exit_code == 2 and "corrupt safetensors" in res.stderr
+    # cut after its header, the tensors it describes missing: check finds it, not only the build's load
+    whole = (EMBEDDED_CHECKPOINTS["tiny-target"] / "model.safetensors").read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    res = runner.invoke(cli, ["check", str(cfg)])
+    assert res.exit_code == 2 and "truncated safetensors file" in res.stderr and "Traceback" not in res.output
 
 
 def test_ngram_lookup_continues_the_latest_match():

@@ -57,6 +57,12 @@ def safetensors_header(path: Path) -> dict[str, Any]:
         except json.JSONDecodeError:
             raise UsageError(f"{path}: corrupt safetensors header") from None
     header.pop("__metadata__", None)
+    try:  # a copy cut short keeps its header: the tensors it describes must all be there
+        expected = 8 + size + max((entry["data_offsets"][1] for entry in header.values()), default=0)
+    except (TypeError, KeyError, IndexError):
+        raise UsageError(f"{path}: corrupt safetensors header (no data_offsets)") from None
+    if (actual := path.stat().st_size) < expected:
+        raise UsageError(f"{path}: truncated safetensors file ({actual} bytes; its header describes {expected})")
     return header
 
 
