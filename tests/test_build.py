@@ -329,6 +329,23 @@ def test_second_build_is_a_no_op(built):
     assert json.loads(manifest.read_text())["steps"]["target"]["finished_at"]
 
 
+def test_a_damaged_engine_is_rebuilt_not_trusted(tmp_path):
+    """The manifest records every file a step wrote by its size: a weight file cut short or a file deleted
+    since makes that step (only) stale, for build and for package."""
+    config = torch_project(tmp_path)
+    assert run_cli("build", str(config), "--no-package", cwd=tmp_path).returncode == 0
+    engines = tmp_path / "engines" / "tiny-draft-target"
+    weights = engines / "target" / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    (engines / "draft" / "config.json").unlink()
+    res = run_cli("build", str(config), "--dry-run", cwd=tmp_path)
+    assert "target (would build)" in res.stdout and "draft (would build)" in res.stdout, res.stdout
+    res = run_cli("build", str(config), "--json", "--no-package", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["built"] == ["target", "draft"]
+    assert run_cli("build", str(config), "--dry-run", cwd=tmp_path).stdout.count("(up to date)") == 2
+
+
 def test_changed_draft_rebuilds_only_the_draft(tmp_path):
     from safetensors.torch import load_file, save_file
 

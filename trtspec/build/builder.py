@@ -25,7 +25,15 @@ from typing import Any
 
 import yaml
 
-from trtspec.build.manifest import CommandRecord, Manifest, StepRecord, fingerprint, step_key, tool_versions
+from trtspec.build.manifest import (
+    CommandRecord,
+    Manifest,
+    StepRecord,
+    fingerprint,
+    output_files,
+    step_key,
+    tool_versions,
+)
 from trtspec.build.recipes import (
     Command,
     convert_command,
@@ -543,7 +551,8 @@ def _run_build_locked(cfg: DeploymentConfig, engine_dir: Path, force: bool, prog
             shutil.rmtree(engine_dir / ".work", ignore_errors=True)
             raise
         seconds = round(time.perf_counter() - t0, 3)
-        manifest.record(step.name, StepRecord(step.key, step.output, step.inputs, records, seconds))
+        files = output_files(engine_dir / step.output)
+        manifest.record(step.name, StepRecord(step.key, step.output, step.inputs, records, seconds, files=files))
         _save(manifest, engine_dir)
         built.append(step.name)
         progress(f"{step.name}: built in {seconds:.1f}s")

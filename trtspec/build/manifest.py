@@ -89,6 +89,14 @@ class StepRecord:
     commands: list[CommandRecord] = field(default_factory=list)
     duration_s: float = 0.0
     finished_at: str = ""
+    files: dict[str, int] | None = None  # every file the output held when built, by its size (None: not recorded)
+
+
+def output_files(output: Path) -> dict[str, int]:
+    """The files under a step's output and their sizes: a file deleted or cut short since is a step to rebuild."""
+    if output.is_file():
+        return {".": output.stat().st_size}
+    return {str(p.relative_to(output)): p.stat().st_size for p in sorted(output.rglob("*")) if p.is_file()}
 
 
 @dataclass
@@ -123,7 +131,11 @@ class Manifest:
 
     def current(self, name: str, key: str, engine_dir: Path) -> bool:
         step = self.steps.get(name)
-        return step is not None and step.key == key and (engine_dir / step.output).exists()
+        if step is None or step.key != key or not (output := engine_dir / step.output).exists():
+            return False
+        return step.files is None or all(  # (a manifest from before sizes were recorded: present is current)
+            (output / rel).is_file() and (output / rel).stat().st_size == size for rel, size in step.files.items()
+        )
 
     def record(self, name: str, step: StepRecord) -> None:
         step.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
