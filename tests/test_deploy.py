@@ -537,3 +537,28 @@ def test_two_local_checkpoints_of_one_folder_name_get_two_places_on_the_volume(t
     } <= set(volumes)
     data["draft"]["checkpoint"] = data["target"]["checkpoint"]  # one folder for both: one place
     assert k8s.cluster_config(validate_config(data))["draft"]["checkpoint"] == "/workspace/checkpoints/hf"
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"speculation": {"mode": "self-draft", "num_draft_tokens": 2}}, "export-self-draft"),
+        ({"speculation": {"mode": "draft-target", "num_draft_tokens": "auto"}}, "no deployed stage plans"),
+    ],
+)
+def test_deploy_refuses_what_the_deployed_build_would_refuse(runner, tmp_path, change, says):
+    """The build in the cluster (or compose) runs `trtspec build`: a config it refuses is refused before
+    manifests that could only fail are written."""
+    from trtspec.cli import cli
+
+    data = yaml.safe_load((CONFIGS / "tiny-draft-target.yaml").read_text())
+    for section, values in change.items():
+        data[section] = {**data[section], **values}
+    if data["speculation"]["mode"] == "self-draft":
+        data.pop("draft")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data))
+    for kind in ("k8s", "docker"):
+        res = runner.invoke(cli, ["deploy", str(config), "--target", kind, "--out", str(tmp_path / kind)])
+        assert res.exit_code == 2 and says in res.output and "Traceback" not in res.output, res.output
+        assert not (tmp_path / kind).exists()

@@ -558,9 +558,10 @@ def deploy(config: Path, kind: str, out: Path | None, force: bool, check_only: b
     """Write Kubernetes manifests (or a compose setup) that build and serve a config's repository."""
     from trtspec.config import load_config
     from trtspec.deploy.topology import image_for, topology
-    from trtspec.deploy.write import write_deployment
+    from trtspec.deploy.write import refuse_undeployable, write_deployment
 
     cfg = load_config(config)
+    refuse_undeployable(cfg)
     if check_only or kind == "k8s":
         from trtspec.deploy import cluster_check, k8s
 

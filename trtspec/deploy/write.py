@@ -15,6 +15,7 @@ from trtspec.deploy import compose, k8s, monitoring
 from trtspec.deploy.topology import orchestrated, topology
 from trtspec.errors import UsageError, shorten
 from trtspec.fsutil import readable_by_others, replace_dir, write_error
+from trtspec.modes import get_mode
 
 Target = Literal["k8s", "docker"]
 
@@ -76,6 +77,19 @@ def rendered_files(cfg: DeploymentConfig, target: Target, out: Path) -> dict[str
         "monitoring/rules.yml": _yaml([{"groups": monitoring.rule_groups(cfg)}], cfg),
         f"monitoring/{k8s.dashboard_file(cfg)}": _json(monitoring.dashboard(cfg)),
     }
+
+
+def refuse_undeployable(cfg: DeploymentConfig) -> None:
+    """What the cluster's (or the compose setup's) own `trtspec build` would refuse, refused here, before
+    manifests that could only fail are written."""
+    spec = get_mode(cfg.mode)
+    if cfg.build.backend == "torch" and (why := spec.torch_deploy_refusal(cfg)):
+        raise UsageError(why)
+    if spec.speculates() and spec.fixed_draft_len(cfg) is None and cfg.speculation.num_draft_tokens == "auto":
+        raise UsageError(
+            "speculation.num_draft_tokens is auto, which the build reads from a local `trtspec plan`'s plan.json: "
+            "no deployed stage plans, so set the K plan recommends"
+        )
 
 
 def _refuse_replacing_what_it_holds(cfg: DeploymentConfig, out: Path) -> None:
