@@ -69,6 +69,7 @@ def test_init_pair_writes_a_commented_config_that_validates(runner, tmp_path):
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "# the drafter; must share the target's tokenizer" in text
+    assert "# a ReadWriteMany class" in text and "storage_class: null" in text  # what deploy's RWX refusal names
     cfg = load_config(out)
     assert cfg.name == "big-model" and cfg.mode == "draft-target" and cfg.build.backend == "tensorrt"
     assert cfg.serve.flavour == "engine" and cfg.serve.streaming is False

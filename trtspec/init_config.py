@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from trtspec.checkpoints.inspect import read_hf_config
-from trtspec.config import Backend, Mode, resolve_checkpoint, validate_config
+from trtspec.config import Backend, DeploySection, Mode, resolve_checkpoint, validate_config
 from trtspec.fsutil import atomic_write_text, refuse_overwrite, writing
 from trtspec.modes import MODE_NAMES, get_mode
 
@@ -45,6 +45,11 @@ COMMENTS: dict[str, str] = {
     "deploy.image": "null: the Triton TRT-LLM container matching build.tensorrt_llm_version",
     "deploy.gpus_per_node": "a deployment larger than one node becomes a LeaderWorkerSet",
     "deploy.hf_token_secret": "name of a Kubernetes Secret holding HF_TOKEN; never the token itself",
+    "deploy.autoscaling.enabled": "the HPA adds replicas on other nodes, so the volume must be ReadWriteMany",
+    "deploy.storage.storage_class": (
+        "a ReadWriteMany class (NFS, CephFS, EFS, Filestore), needed by several nodes (autoscaling, replicas > 1, "
+        "a multi-node group); null: the cluster's default, one node only"
+    ),
 }
 
 
@@ -102,7 +107,15 @@ def build_config_dict(
         "metrics_port": 8002,
         "streaming": streaming,
     }
-    data["deploy"] = {"image": None, "gpus_per_node": 8, "replicas": 1, "hf_token_secret": None}
+    data["deploy"] = {
+        "image": None,
+        "gpus_per_node": 8,
+        "replicas": 1,
+        "hf_token_secret": None,
+        # written out because they decide the volume's access mode: deploy refuses RWX without a class
+        "autoscaling": {"enabled": DeploySection().autoscaling.enabled},
+        "storage": DeploySection().storage.model_dump(),
+    }
     return data
 
 

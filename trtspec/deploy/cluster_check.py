@@ -223,7 +223,8 @@ def check(cfg: DeploymentConfig, files: dict[str, list[Manifest]]) -> list[Findi
             Finding(
                 "error",
                 "the volume is ReadWriteMany (pods on several nodes) and deploy.storage.storage_class is unset: "
-                "most default storage classes are ReadWriteOnce and the claim would stay Pending",
+                "most default storage classes are ReadWriteOnce and the claim would stay Pending; set it to a "
+                "ReadWriteMany class, or keep one node (deploy.autoscaling.enabled false, replicas 1)",
             )
         )
     b = sizing.budgets(cfg)
