@@ -115,6 +115,9 @@ def test_nothing_written_is_lost_without_force(target_path, tmp_path):
         assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
     assert (tmp_path / "mine" / "notes.txt").read_text() == (tmp_path / "file").read_text() == "mine"
     assert (target_path / "config.json").exists() and config.exists()
+    (tmp_path / "empty").mkdir()  # nothing to lose: an empty folder is filled
+    assert export(config, "--force", "--out", str(tmp_path / "empty")).exit_code == 0
+    assert (tmp_path / "empty" / "trtspec-self-draft.json").is_file()
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -307,7 +308,7 @@ def plan(
 @click.option("--temperature", type=click.FloatRange(0), default=None, help="0 is greedy (default: config).")
 @click.option("--top-k", type=click.IntRange(0), default=None)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None)
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None)
 @click.option("--num-draft-tokens", type=click.IntRange(1, 16), default=None, help="K (default: config).")
 @click.option("--tree", default=None, help="Verify a token tree DEPTHxWIDTH, e.g. 4x3 (default: speculation.tree).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the end-of-sequence token.")
@@ -502,7 +503,7 @@ def serve(
 @click.option("--max-tokens", type=click.IntRange(1), default=64, help="Output tokens for file prompts.")
 @click.option("--fixed-length/--natural-length", default=True, help="Ask for exactly the output length (min_tokens).")
 @click.option("--temperature", type=click.FloatRange(0), default=0.0)
-@click.option("--seed", type=int, default=0)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0)
 @click.option("--tokenizer", help="Tokenizer to count tokens with (default: a config's target checkpoint).")
 @click.option("--extra", multiple=True, help="name=value input sent with every request to the target.")
 @click.option("--compare-extra", multiple=True, help="name=value input sent with every request to the baseline.")
@@ -587,7 +588,7 @@ def deploy(config: Path, kind: str, out: Path | None, force: bool, check_only: b
     if kind == "k8s":
         click.echo(f"  apply: kubectl apply -k {out}")
     else:
-        click.echo(f"  run:   docker compose -f {out / 'compose.yaml'} up --build")
+        click.echo(f"  run:   docker compose -f {shlex.quote(str(out / 'compose.yaml'))} up --build")
 
 
 @cli.command("export-self-draft")

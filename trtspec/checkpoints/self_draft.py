@@ -142,6 +142,8 @@ def refuse_replacing(folder: Path, force: bool, keep: list[Path]) -> None:
         raise UsageError(f"{shorten(folder)}: holds the target or the config; name a folder of its own (--out)")
     if not folder.exists() and not folder.is_symlink():
         return
+    if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+        return  # an empty folder: nothing to lose
     if not folder.is_dir() or not (folder / MARKER).is_file():
         raise UsageError(
             f"{shorten(folder)}: exists and is not a cut export-self-draft wrote; remove it or name another (--out)"
