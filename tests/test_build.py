@@ -340,6 +340,8 @@ def test_a_damaged_engine_is_rebuilt_not_trusted(tmp_path):
     (engines / "draft" / "config.json").unlink()
     res = run_cli("build", str(config), "--dry-run", cwd=tmp_path)
     assert "target (would build)" in res.stdout and "draft (would build)" in res.stdout, res.stdout
+    res = run_cli("package", str(config), cwd=tmp_path)
+    assert res.returncode == 2 and "changed since: run `trtspec build` first" in res.stderr, res.stderr
     res = run_cli("build", str(config), "--json", "--no-package", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["built"] == ["target", "draft"]

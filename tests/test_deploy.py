@@ -518,10 +518,11 @@ def test_local_checkpoints_are_expected_on_the_volume(tmp_path):
     assert f"{tmp_path / 'my-target'}:/workspace/checkpoints/my-target:ro" in volumes
 
 
-def test_two_local_checkpoints_of_one_folder_name_get_two_places_on_the_volume(tmp_path):
+def test_two_local_checkpoints_of_one_folder_name_get_two_places_on_the_volume(runner, tmp_path):
     """.../target/hf and .../draft/hf (a model and the self-draft cut beside it) must not land on one path:
     the pods would run the target as its own draft."""
     from trtspec.assets import EMBEDDED_CHECKPOINTS
+    from trtspec.cli import cli
 
     for role, name in (("target", "tiny-target"), ("draft", "tiny-draft")):
         shutil.copytree(EMBEDDED_CHECKPOINTS[name], tmp_path / role / "hf")
@@ -535,6 +536,11 @@ def test_two_local_checkpoints_of_one_folder_name_get_two_places_on_the_volume(t
         f"{tmp_path / 'target/hf'}:/workspace/checkpoints/hf:ro",
         f"{tmp_path / 'draft/hf'}:/workspace/checkpoints/hf-draft:ro",
     } <= set(volumes)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**data, "deploy": {**data.get("deploy", {}), "autoscaling": {"enabled": False}}}))
+    res = runner.invoke(cli, ["deploy", str(config), "--out", str(tmp_path / "k")])
+    assert res.exit_code == 0, res.output  # and it says where each goes
+    assert f"copy:  {tmp_path / 'draft/hf'} onto the volume as /workspace/checkpoints/hf-draft" in res.output
     data["draft"]["checkpoint"] = data["target"]["checkpoint"]  # one folder for both: one place
     assert k8s.cluster_config(validate_config(data))["draft"]["checkpoint"] == "/workspace/checkpoints/hf"
 

@@ -575,6 +575,12 @@ def test_deploy_force_keeps_the_compose_workspace_and_never_deletes_the_config_o
             runner.invoke(cli, ["deploy", str(config), "--target", "docker", "--out", where, "--force"]), 2
         )
         assert says in line
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)  # even an empty current directory cannot be renamed into place
+    line = one_line_error(runner.invoke(cli, ["deploy", str(config), "--target", "docker", "--out", "."]), 2)
+    assert "holds the current directory" in line
+    empty.rmdir()
     monkeypatch.chdir(tmp_path.parent)  # not inside --out: the config is what it holds
     res = runner.invoke(cli, ["deploy", str(config), "--target", "docker", "--out", str(tmp_path), "--force"])
     line = one_line_error(res, 2)

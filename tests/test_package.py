@@ -247,7 +247,13 @@ def test_package_refuses_engines_built_from_an_earlier_edit(tmp_path, monkeypatc
     cfg = validate_config(data, tmp_path / "c.yaml")
     run_build(cfg)
     assert package_repository(cfg).is_dir()
-    data["draft"]["dtype"] = "bfloat16"  # (a K within the engine's headroom is a serve-time change: no rebuild)
+    # K within the engine's room (max(K, 10) drafts) is the repository's to say: packaged without a rebuild,
+    # with the config's K, not the one the engines were built beside (the repository is stamped with this config)
+    data["speculation"]["num_draft_tokens"] = 3
+    repo = package_repository(validate_config(data, tmp_path / "c.yaml"))
+    options = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert options["speculative_config"]["max_draft_len"] == 3
+    data["draft"]["dtype"] = "bfloat16"  # the draft engine itself changes: build would rebuild it
     edited = validate_config(data, tmp_path / "c.yaml")
     with pytest.raises(UsageError, match=r"engine in .* was built from another config or checkpoint.*trtspec build"):
         package_repository(edited)

@@ -125,7 +125,7 @@ def _from_config(ref: str, config_dir: Path) -> str:
     here = Path(ref).expanduser()
     if ref.startswith("embedded:") or here.is_absolute() or not (here.exists() or ref.startswith(("./", "../"))):
         return ref
-    relative = os.path.relpath(here.resolve(), config_dir)
+    relative = os.path.relpath(os.path.abspath(here), config_dir)  # a symlink stays the link the user named
     return relative if relative.startswith("..") else f"./{relative}"
 
 
@@ -308,7 +308,7 @@ def plan(
 @click.option("--temperature", type=click.FloatRange(0), default=None, help="0 is greedy (default: config).")
 @click.option("--top-k", type=click.IntRange(0), default=None)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None)
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None)
+@click.option("--seed", type=click.IntRange(-(2**63), 2**64 - 1), default=None)
 @click.option("--num-draft-tokens", type=click.IntRange(1, 16), default=None, help="K (default: config).")
 @click.option("--tree", default=None, help="Verify a token tree DEPTHxWIDTH, e.g. 4x3 (default: speculation.tree).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the end-of-sequence token.")
@@ -503,7 +503,7 @@ def serve(
 @click.option("--max-tokens", type=click.IntRange(1), default=64, help="Output tokens for file prompts.")
 @click.option("--fixed-length/--natural-length", default=True, help="Ask for exactly the output length (min_tokens).")
 @click.option("--temperature", type=click.FloatRange(0), default=0.0)
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0)
+@click.option("--seed", type=click.IntRange(-(2**63), 2**64 - 1), default=0)
 @click.option("--tokenizer", help="Tokenizer to count tokens with (default: a config's target checkpoint).")
 @click.option("--extra", multiple=True, help="name=value input sent with every request to the target.")
 @click.option("--compare-extra", multiple=True, help="name=value input sent with every request to the baseline.")
@@ -586,6 +586,11 @@ def deploy(config: Path, kind: str, out: Path | None, force: bool, check_only: b
     )
     click.echo(f"wrote {len(written)} files to {out} ({shape}; image {image_for(cfg)})")
     if kind == "k8s":
+        from trtspec.deploy.k8s import local_checkpoints
+
+        for moved in local_checkpoints(cfg).values():  # the pods read them there; the compose setup mounts them
+            for local, inside in moved.items():
+                click.echo(f"  copy:  {local} onto the volume as {inside}")
         click.echo(f"  apply: kubectl apply -k {out}")
     else:
         click.echo(f"  run:   docker compose -f {shlex.quote(str(out / 'compose.yaml'))} up --build")

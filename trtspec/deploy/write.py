@@ -93,11 +93,12 @@ def refuse_undeployable(cfg: DeploymentConfig) -> None:
 
 
 def _refuse_replacing_what_it_holds(cfg: DeploymentConfig, out: Path) -> None:
-    """--force replaces --out: never a folder that holds the current directory or the config being deployed."""
+    """--out is renamed into place (--force: replaced): never a folder that holds the current directory or the
+    config being deployed."""
     where, here = out.resolve(), Path.cwd().resolve()
     if where == here or where in here.parents:
         raise UsageError(
-            f"{shorten(out)} holds the current directory; --force would delete it: name a folder of its own"
+            f"{shorten(out)} holds the current directory, which deploy cannot replace: name a folder of its own"
         )
     if cfg.source is not None and where in cfg.source.resolve().parents:
         raise UsageError(
@@ -115,8 +116,7 @@ def write_deployment(cfg: DeploymentConfig, target: Target, out: Path, force: bo
         raise write_error(exc, out) from None
     if not_empty and not force:
         raise UsageError(f"{shorten(out)} exists and is not empty (use --force to replace it)")
-    if not_empty:
-        _refuse_replacing_what_it_holds(cfg, out)
+    _refuse_replacing_what_it_holds(cfg, out)  # the current directory cannot be renamed into place, even empty
     staging = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -196,6 +196,6 @@ class Lookahead(SpecMode):
                 "warning",
                 "tree-draft-len",
                 f"{engine}: the engine has max_draft_len {longest}; lookahead {wng} drafts at most {need}, which "
-                "TensorRT-LLM's executor runs, with the engine's room for the rest unused",
-                "rebuild the engine (trtspec build) to size it for these settings",
+                "TensorRT-LLM's executor runs on it, the engine's room for the rest unused",
+                "trtspec build rebuilds it to these settings (as NVIDIA's README builds them)",
             )

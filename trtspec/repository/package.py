@@ -63,19 +63,27 @@ def repository_dir_for(cfg: DeploymentConfig) -> Path:
     return Path(cfg.serve.repository) / cfg.name
 
 
-def _built(cfg: DeploymentConfig) -> tuple[Path, Manifest]:
+def _built(cfg: DeploymentConfig) -> tuple[Path, int]:
+    """The torch engines of this config and the K it serves (the config's, which the engine's room may exceed:
+    the repository is stamped with this config, so it must say what the config says)."""
     engines = engine_dir_for(cfg)
     manifest = Manifest.load(engines)
     if manifest is None or manifest.backend != cfg.build.backend or manifest.mode != cfg.mode:
         raise UsageError(f"no {cfg.build.backend} build of {cfg.name} in {engines}: run `trtspec build` first")
-    # the engines of this config, not of an earlier edit (K, a checkpoint, a limit): what build would rebuild
-    steps, _ = plan_steps(cfg, engines, resolve_num_draft_tokens(cfg, engines))
+    k = resolve_num_draft_tokens(cfg, engines)
+    # the engines of this config, not of an earlier edit (a checkpoint, a dtype, K past the engine's room) or
+    # damaged since: what build would rebuild; where this host cannot tell (a checkpoint unreadable here, a
+    # device it lacks), build's own check stands
+    try:
+        steps, _ = plan_steps(cfg, engines, k)
+    except (OSError, UsageError):
+        steps = []
     if stale := [s.name for s in steps if not manifest.current(s.name, s.key, engines)]:
         raise UsageError(
             f"the {' and '.join(stale)} engine in {engines} was built from another config or checkpoint than "
-            f"{cfg.name}'s: run `trtspec build` first"
+            f"{cfg.name}'s, or changed since: run `trtspec build` first"
         )
-    return engines.resolve(), manifest
+    return engines.resolve(), k
 
 
 def _sampling(cfg: DeploymentConfig) -> dict:
@@ -115,10 +123,10 @@ def _write(model_dir: Path, config, files: dict[str, str] | None = None, links: 
 
 
 def _torch_llmapi(cfg: DeploymentConfig, out: Path) -> None:
-    engines, manifest = _built(cfg)
+    engines, k = _built(cfg)
     config = llmapi.llmapi_config(cfg.serve.instances)
     config.model_transaction_policy.decoupled = cfg.serve.streaming
-    options = torch_model_yaml(cfg, engines, manifest.num_draft_tokens or 0)
+    options = torch_model_yaml(cfg, engines, k)
     files = {
         "model.yaml": yaml.safe_dump(options, sort_keys=False),
         "model.py": IMPORT.format(module="torch_llmapi_model", cls="TorchLLMAPIModel"),
@@ -150,7 +158,7 @@ def _engine_models(cfg: DeploymentConfig, p: engine.EngineParams, backend: str, 
 
 
 def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
-    engines, manifest = _built(cfg)
+    engines, k = _built(cfg)
     b = cfg.build
     p = engine.EngineParams(
         max_batch_size=b.max_batch_size,
@@ -173,7 +181,7 @@ def _torch_engine(cfg: DeploymentConfig, out: Path) -> None:
         target["trtspec_draft_dir"] = str(engines / "draft")
     if drafts_itself:  # drafts a step makes: K, or the depth of the tree the mode's own settings fix
         own = spec.own_tree(cfg)
-        target["trtspec_num_draft_tokens"] = str(own.depth if own is not None else manifest.num_draft_tokens or 1)
+        target["trtspec_num_draft_tokens"] = str(own.depth if own is not None else k or 1)
         target["trtspec_policy"] = cfg.policy
         if cfg.speculation.max_concurrency is not None:
             target["trtspec_max_concurrency"] = str(cfg.speculation.max_concurrency)
