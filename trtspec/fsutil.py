@@ -117,6 +117,20 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return path
 
 
+@contextmanager
+def staging_for(final: Path) -> Iterator[Path]:
+    """A folder of this process's own beside `final` to write into before replace_dir moves it into place:
+    named by mkdtemp (pid-named ones were shared with a leftover of a reused pid, a container's 1, and
+    deleted), readable as any output, and removed whatever happens."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{final.name}-", dir=final.parent))
+    try:
+        readable_by_others(staging)
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def replace_dir(staging: Path, final: Path, keep: tuple[str, ...] = ()) -> None:
     """Move a finished staging directory into place, replacing an older one; the older one's entries named in
     `keep` (what other tools wrote into it) move into the new one, and stay in `.NAME.old` if that fails."""

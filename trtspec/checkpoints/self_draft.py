@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from trtspec.build.torch_engine import copy_side_files
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import load_config, validate_config
 from trtspec.errors import UsageError, shorten
-from trtspec.fsutil import atomic_write_text, readable_by_others, refuse_overwrite, replace_dir, writing
+from trtspec.fsutil import atomic_write_text, refuse_overwrite, replace_dir, staging_for, writing
 from trtspec.init_config import serve_defaults
 from trtspec.modes import get_mode
 from trtspec.speculative.model import read_weights, save_weights
@@ -59,18 +57,12 @@ def cut_checkpoint(target: Path, layers: list[int], out: Path) -> None:
             weights[f"model.layers.{keep[int(m.group(1))]}.{m.group(2)}"] = tensor
     if missing := [old for old in layers if old not in found]:
         raise UsageError(f"{target}: no weights under model.layers.N for layers {missing}")
-    # a folder of its own (two processes, or a pid a container reuses, never share one), readable as any output
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".staging-{out.name}-", dir=out.parent))
-    try:
-        readable_by_others(staging)
+    with staging_for(out) as staging:
         save_weights(weights, staging / "model.safetensors")
         copy_side_files(target, staging)
         (staging / "config.json").write_text(json.dumps(cut_config(hf, layers), indent=2), encoding="utf-8")
         (staging / MARKER).write_text(json.dumps({"target": str(target), "layers": layers}), encoding="utf-8")
         replace_dir(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def draft_target_data(data: dict[str, Any], draft: dict[str, Any], backend: str | None) -> dict[str, Any]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,7 +12,7 @@ from trtspec.config import DeploymentConfig
 from trtspec.deploy import compose, k8s, monitoring
 from trtspec.deploy.topology import orchestrated, topology
 from trtspec.errors import UsageError, shorten
-from trtspec.fsutil import readable_by_others, replace_dir, write_error
+from trtspec.fsutil import replace_dir, staging_for, write_error
 from trtspec.modes import get_mode
 
 Target = Literal["k8s", "docker"]
@@ -117,19 +115,13 @@ def write_deployment(cfg: DeploymentConfig, target: Target, out: Path, force: bo
     if not_empty and not force:
         raise UsageError(f"{shorten(out)} exists and is not empty (use --force to replace it)")
     _refuse_replacing_what_it_holds(cfg, out)  # the current directory cannot be renamed into place, even empty
-    staging = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".staging-{out.name}-", dir=out.parent))  # this process's own
-        readable_by_others(staging)
-        for name, text in files.items():
-            path = staging / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-        replace_dir(staging, out, keep=(compose.WORKSPACE_DIR,) if target == "docker" else ())
+        with staging_for(out) as staging:
+            for name, text in files.items():
+                path = staging / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            replace_dir(staging, out, keep=(compose.WORKSPACE_DIR,) if target == "docker" else ())
     except OSError as exc:
         raise write_error(exc, out) from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     return [out / name for name in files]

@@ -14,8 +14,6 @@ Four repositories, one client contract:
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -34,7 +32,7 @@ from trtspec.build.shared_gpu import shared_gpu_plan
 from trtspec.build.torch_engine import read_engine_config
 from trtspec.config import DeploymentConfig, ModelSection
 from trtspec.errors import TrtspecError, UsageError
-from trtspec.fsutil import atomic_write_text, readable_by_others, replace_dir
+from trtspec.fsutil import atomic_write_text, replace_dir, staging_for
 from trtspec.modes import get_mode
 from trtspec.repository import contract, engine, llmapi
 from trtspec.repository.pbtxt import render
@@ -282,22 +280,15 @@ def package_repository(
             )
         writer = partial(writer, nvidia_models=nvidia_models.rstrip("/"), root=container_root.rstrip("/"))
     final = repository_dir_for(cfg)
-    staging = None
     try:
-        # a folder of its own: pods on a shared volume have the same pids, a restarted pod its name and pid
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".staging-{final.name}-", dir=final.parent))
-        readable_by_others(staging)
-        writer(cfg, staging)
-        if cfg.build.backend in ("tensorrt", "pytorch") and (problems := contract.violations(staging)):
-            raise TrtspecError(f"{final} would not load in NVIDIA's container: {'; '.join(problems)}")
-        replace_dir(staging, final)
+        with staging_for(final) as staging:  # pods on a shared volume have the same pids
+            writer(cfg, staging)
+            if cfg.build.backend in ("tensorrt", "pytorch") and (problems := contract.violations(staging)):
+                raise TrtspecError(f"{final} would not load in NVIDIA's container: {'; '.join(problems)}")
+            replace_dir(staging, final)
         # which config the repository in place serves, written once it is in place: a server waiting for
         # it must not start on an older one (beside it: Triton would take a file inside for a model)
         atomic_write_text(config_digest_path(final), cfg.serving_digest() + "\n")
     except OSError as exc:
         raise UsageError(f"cannot write {final}: {exc.strerror or exc}") from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     return final
