@@ -83,6 +83,39 @@ def test_rows_joining_and_leaving_mid_flight_give_the_text_they_give_alone(pair,
     assert engine.running == 0 and engine.free == {0, 1, 2}
 
 
+@pytest.mark.parametrize("mode", ["none", "draft-target", "mtp", "ngram"])
+def test_rows_feeding_one_prompt_are_prefilled_once_and_give_the_text_they_give_alone(pair, mode, monkeypatch):
+    runner = runners(pair)[mode]
+    target = pair[0]
+    alone = {tuple(p): runner.generate([p], GREEDY)[0].tokens for p in PROMPTS[:3]}
+    batch = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[0]]
+    prefill_rows = []
+    original = target.forward
+
+    def forward(tokens, positions, cache, last_only=False, slots=None, **options):
+        if last_only:
+            prefill_rows.append(tokens.shape[0])
+        return original(tokens, positions, cache, last_only, slots, **options)
+
+    monkeypatch.setattr(target, "forward", forward)
+    out = runner.generate(batch, GREEDY)
+    assert prefill_rows == [3]  # three distinct prompts: one row each, their copies' keys and values copied
+    assert [g.tokens for g in out] == [alone[tuple(p)] for p in batch]
+
+
+def test_only_rows_feeding_the_same_tokens_after_the_same_prefix_share_a_prefill():
+    from trtspec.speculative.batch import _same_rows
+
+    tokens = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [4, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 9]])
+    index = torch.arange(5)
+    starts, counts = torch.tensor([1, 1, 1, 0, 1]), torch.tensor([3, 3, 3, 4, 2])
+    first, copy_of = _same_rows(tokens, index, starts, counts)
+    # row 1 feeds what row 0 feeds; row 2 another prefix, row 3 from another start, row 4 fewer tokens
+    assert first[copy_of].tolist() == [0, 0, 2, 3, 4]
+    assert _same_rows(tokens, index[:1], starts[:1], counts[:1]) is None
+    assert _same_rows(tokens[2:], index[:3], starts[2:], counts[2:]) is None
+
+
 def test_chunked_prefill_keeps_each_step_within_max_num_tokens(pair):
     target, _ = pair
     engine = SpeculativeRunner(target, max_len=128).engine(slots=4, capacity=128, max_num_tokens=6)

@@ -388,7 +388,20 @@ class BatchEngine:
         positions = _positions(starts, counts)
         # logits only at each row's last column (the padding repeats the last real position); the
         # states a drafter reads (MTP's, Medusa's, EAGLE-3's captured layers) come back for every position
-        out = self.target(tokens, positions, self.cache, last_only=True, slots=slots, capture=self.capture)
+        same = _same_rows(self.state.tokens, slots.index, starts, counts)
+        if same is None:
+            out = self.target(tokens, positions, self.cache, last_only=True, slots=slots, capture=self.capture)
+        else:  # rows feeding what another row feeds are computed once and their keys and values copied
+            first, copy_of = same
+            run = Slots.of(slots.index[first].tolist(), self.device)
+            out = self.target(
+                tokens[first], positions[first], self.cache, last_only=True, slots=run, capture=self.capture
+            )
+            src, dst = slots.index[first][copy_of][:, None], slots.index[:, None]
+            self.cache.k[:, dst, :, positions] = self.cache.k[:, src, :, positions]
+            self.cache.v[:, dst, :, positions] = self.cache.v[:, src, :, positions]
+            features = None if out.features is None else out.features[copy_of]
+            out = ForwardOut(out.logits[copy_of], out.hidden[copy_of], features)
         if self.needs_hidden:
             self.state.target_hidden[slots.index[:, None], positions] = self._states(out)
         for seq, n in chunks:
@@ -648,6 +661,26 @@ class BatchEngine:
         if placed:
             self.stopped[index] = False
         return seqs
+
+
+def _same_rows(
+    tokens: torch.Tensor, index: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Prefill rows that feed the same tokens at the same positions after the same prefix (n samples of one
+    prompt: a lossless check draws thousands), as (the first row of each distinct feed, each row's distinct
+    feed), or None when every row is distinct. Their keys and values are equal, so one forward serves all."""
+    if len(index) < 2:
+        return None
+    ends = starts + counts
+    width = int(ends.max())
+    fed = tokens[index, :width].masked_fill(torch.arange(width, device=tokens.device)[None, :] >= ends[:, None], -1)
+    keys = torch.cat([starts[:, None], counts[:, None], fed], 1)
+    distinct, copy_of = torch.unique(keys, dim=0, return_inverse=True)
+    if len(distinct) == len(index):
+        return None
+    rows = torch.arange(len(index), device=tokens.device)
+    first = torch.full((len(distinct),), len(index), device=tokens.device).scatter_reduce(0, copy_of, rows, "amin")
+    return first, copy_of
 
 
 def _stop_table(seqs: list[Sequence], device) -> torch.Tensor:
