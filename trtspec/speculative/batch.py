@@ -50,8 +50,12 @@ class RowSampling:
     def __init__(self, rows: list[tuple[SamplingParams, torch.Generator | None]], device) -> None:
         groups: dict[tuple, list[int]] = {}
         keys: dict[tuple, tuple[SamplingParams, torch.Generator | None]] = {}
+        seen: dict[tuple[int, int], tuple] = {}  # a whole generate call shares one params object: hash it once
         for i, (params, generator) in enumerate(rows):
-            key = ("greedy",) if params.greedy else (params, id(generator))
+            key = seen.get((id(params), id(generator)))
+            if key is None:
+                key = ("greedy",) if params.greedy else (params, id(generator))
+                seen[(id(params), id(generator))] = key
             groups.setdefault(key, []).append(i)
             keys.setdefault(key, (params, generator))
         self.groups = [(torch.tensor(idx, dtype=torch.long, device=device), *keys[key]) for key, idx in groups.items()]
@@ -124,7 +128,9 @@ class Sequence:
 
     @property
     def prefilled(self) -> bool:
-        return self.fed == self.prefill_target
+        return self.fed == len(self.prompt) - (
+            self.drafts is not None
+        )  # prefill_target, inlined: asked per row per step
 
 
 def draft_slots(drafter: Drafter | None, tree: TreeShape | None, k: int) -> int:
@@ -289,25 +295,29 @@ class BatchEngine:
         """The free slot whose cached tokens share the longest prefix with `prompt`, and that length."""
         limit = min(len(prompt) - 1, self.capacity)  # the last prompt token is always fed: its logits start decoding
         if not self.reuse or limit <= 0:
-            return free[0], 0
+            return free[-1], 0
         index = torch.tensor(free, device=self.device)
         head = torch.tensor(prompt[:limit], dtype=torch.long, device=self.device)
         same = self.state.tokens[index, :limit] == head[None, :]
         same &= torch.arange(limit, device=self.device)[None, :] < self.cached[index, None]
         shared = same.long().cumprod(1).sum(1)
-        best = int(shared.argmax())
+        best = len(free) - 1 - int(shared.flip(0).argmax())  # `free` runs high to low: the lowest slot of the best
         return free[best], int(shared[best])
 
     def _admit(self, finished: list[Sequence]) -> None:
         admitted, slots, reused = [], [], []
-        free = sorted(self.free)  # lowest first: running rows stay contiguous, so steps use cache views
+        # lowest first (popped from the end): running rows stay contiguous, so steps use cache views
+        free = sorted(self.free, reverse=True)
         while self.waiting and free:
             seq = self.waiting.popleft()
             if seq.cancelled:
                 finished += self._finish([seq], "cancelled")
                 continue
             slot, shared = self._reused_prefix(seq.prompt, free)
-            free.remove(slot)
+            if slot == free[-1]:
+                free.pop()
+            else:
+                free.remove(slot)
             self.free.discard(slot)
             self.rows[slot] = seq
             seq.slot, seq.fed, seq.reused, seq.admitted_ns = slot, shared, shared, time.time_ns()
@@ -406,7 +416,7 @@ class BatchEngine:
             self.state.target_hidden[slots.index[:, None], positions] = self._states(out)
         for seq, n in chunks:
             seq.fed += n
-            self.cached[seq.slot] = seq.fed
+        self.cached[slots.index] = starts + counts
         # rows whose prompt is now cached draw their first token, except those verifying given drafts
         done = [i for i, (seq, _) in enumerate(chunks) if seq.prefilled and seq.drafts is None]
         if done:
@@ -685,7 +695,11 @@ def _same_rows(
 
 def _stop_table(seqs: list[Sequence], device) -> torch.Tensor:
     """Each row's stop token ids, padded with -1 (no token), as one [B, S] tensor."""
-    sets = [sorted(s.params.stop_token_ids) for s in seqs]
+    sorted_ids: dict[int, list[int]] = {}  # one sort per distinct set (a generate call shares one)
+    sets = [
+        sorted_ids.get(id(ids)) or sorted_ids.setdefault(id(ids), sorted(ids))
+        for ids in (s.params.stop_token_ids for s in seqs)
+    ]
     width = max((len(x) for x in sets), default=0)
     if width == 0:
         return torch.zeros(len(seqs), 0, dtype=torch.long, device=device)
