@@ -288,10 +288,16 @@ def test_an_error_inside_a_200_stream_is_counted(openai_server, tmp_path):
 
 
 def test_demo_runs_to_the_end(tmp_path):
-    res = trtspec("demo", "--out", str(tmp_path / "demo"), "--requests", "4", cwd=tmp_path, timeout=1200)
+    """One method, both policies: the default's MTP pairs run the same code with another mode and cost CI
+    2.5 minutes (served MTP's counted acceptance: test_serve_e2e's metrics test; an underpowered check's
+    inconclusive verdict: above and test_lossless_check)."""
+    res = trtspec(
+        "demo", "--out", str(tmp_path / "demo"), "--requests", "4", "--methods", "draft-target", cwd=tmp_path,
+        timeout=1200,
+    )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     verdicts = {}
-    for mode in ("draft-target", "mtp"):
+    for mode in ("draft-target",):
         for policy in ("fixed", "adaptive"):
             pair = f"{mode}-{policy}-vs-baseline"
             summary = json.loads((tmp_path / "demo" / "results" / pair / "summary.json").read_text())
@@ -315,17 +321,15 @@ def test_demo_runs_to_the_end(tmp_path):
                     assert server["acceptance_rate"] == pytest.approx(client["acceptance_rate"])
             verdicts[pair] = summary.get("lossless")  # left out of summary.json where none ran
     # the lossless check runs on the fixed-K servers, whose K its power is computed for
-    assert verdicts["draft-target-adaptive-vs-baseline"] is None and verdicts["mtp-adaptive-vs-baseline"] is None
+    assert verdicts["draft-target-adaptive-vs-baseline"] is None
     dt = verdicts["draft-target-fixed-vs-baseline"]
     assert dt["verdict"] == "PASS" and min(dt["power"]["against_planted"].values()) >= 0.8, dt["power"]
-    mtp = verdicts["mtp-fixed-vs-baseline"]
-    assert mtp["verdict"] == ("PASS" if min(mtp["power"]["against_planted"].values()) >= 0.8 else "inconclusive")
-    # a pipe gets the full table: both modes' server-side acceptance beside the client's, and the verdicts
+    # a pipe gets the full table: both policies' server-side acceptance beside the client's, and the verdict
     assert "lossless check: PASS" in res.stdout and "server acc." in res.stdout
     assert "power against planted verification bugs" in res.stdout
     # the curve: every server's tokens/s per level, and where each stops paying (or that it never did)
     curve = json.loads((tmp_path / "demo" / "results" / "curve.json").read_text())
-    assert sorted(curve["stops_paying_at"]) == sorted(f"{m}-{p}" for m in ("draft-target", "mtp") for p in POLICIES)
+    assert sorted(curve["stops_paying_at"]) == sorted(f"draft-target-{p}" for p in POLICIES)
     assert sorted(curve["tokens_per_s"], key=int) == ["1", "2", "4", "8", "16"]
     for name, crossed in curve["stops_paying_at"].items():
         said = f"stops paying (mean latency) at concurrency {crossed}" if crossed else "pays (mean latency) at every"

@@ -407,9 +407,12 @@ class BatchEngine:
             out = self.target(
                 tokens[first], positions[first], self.cache, last_only=True, slots=run, capture=self.capture
             )
-            src, dst = slots.index[first][copy_of][:, None], slots.index[:, None]
-            self.cache.k[:, dst, :, positions] = self.cache.k[:, src, :, positions]
-            self.cache.v[:, dst, :, positions] = self.cache.v[:, src, :, positions]
+            copies = (first[copy_of] != torch.arange(len(copy_of), device=self.device)).nonzero()[:, 0]
+            src, dst = slots.index[first[copy_of[copies]]][:, None], slots.index[copies][:, None]
+            at = positions[copies]
+            for layer in range(self.cache.k.shape[0]):  # a layer at a time: no gather of the whole prompt cache
+                self.cache.k[layer][dst, :, at] = self.cache.k[layer][src, :, at]
+                self.cache.v[layer][dst, :, at] = self.cache.v[layer][src, :, at]
             features = None if out.features is None else out.features[copy_of]
             out = ForwardOut(out.logits[copy_of], out.hidden[copy_of], features)
         if self.needs_hidden:
@@ -696,10 +699,11 @@ def _same_rows(
 def _stop_table(seqs: list[Sequence], device) -> torch.Tensor:
     """Each row's stop token ids, padded with -1 (no token), as one [B, S] tensor."""
     sorted_ids: dict[int, list[int]] = {}  # one sort per distinct set (a generate call shares one)
-    sets = [
-        sorted_ids.get(id(ids)) or sorted_ids.setdefault(id(ids), sorted(ids))
-        for ids in (s.params.stop_token_ids for s in seqs)
-    ]
+    for s in seqs:
+        ids = s.params.stop_token_ids
+        if id(ids) not in sorted_ids:
+            sorted_ids[id(ids)] = sorted(ids)
+    sets = [sorted_ids[id(s.params.stop_token_ids)] for s in seqs]
     width = max((len(x) for x in sets), default=0)
     if width == 0:
         return torch.zeros(len(seqs), 0, dtype=torch.long, device=device)
