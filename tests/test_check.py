@@ -127,6 +127,23 @@ def test_vocab_that_tokens_map_into_is_an_error(tmp_path):
     assert f"ids {small}..127" in found["vocab-size-mismatch"][0].message
 
 
+@pytest.mark.parametrize(
+    ("head", "mode"),
+    [({"medusa_num_heads": 2, "hidden_size": 64}, "medusa"), ({"architectures": ["LlamaForCausalLMEagle3"]}, "eagle3")],
+)
+def test_a_head_given_to_draft_target_is_named_not_misread(tmp_path, head, mode):
+    """A Medusa or EAGLE-3 head configured as draft-target's draft model: one error saying what it is and which
+    mode reads it, not tokenizer or model-config errors about a model it never was."""
+    draft = tmp_path / "head"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({**(LLAMA if mode == "eagle3" else {}), **head}))
+    found = findings(config(tmp_path, make(tmp_path / "t"), draft))
+    errors = {code for code, fs in found.items() for f in fs if f.severity == "error"}
+    assert errors == {"draft-kind"}, found
+    assert "not a draft for mode draft-target" in found["draft-kind"][0].message
+    assert found["draft-kind"][0].fix == f"set speculation.mode: {mode}"
+
+
 def test_mtp_without_layers_and_with_missing_weights(tmp_path):
     ds = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
     base = {

@@ -742,6 +742,31 @@ def test_init_says_what_the_draft_is(runner, tmp_path, args, message):
     assert res.exit_code == 2 and message in res.output
 
 
+def test_init_takes_the_mode_from_a_head_draft(runner, tmp_path):
+    """A head is its own mode's draft: init without --mode writes that mode (a model still means draft-target),
+    a published EAGLE-3 head is known by its architecture, and --mode draft-target with a head is refused."""
+    published = tmp_path / "eagle3-head"
+    published.mkdir()
+    (published / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 8}))
+    for draft, mode in (
+        ("embedded:tiny-eagle3", "eagle3"),
+        ("embedded:tiny-medusa", "medusa"),
+        ("embedded:tiny-draft", "draft-target"),
+        (str(published), "eagle3"),
+    ):
+        out = tmp_path / f"{mode}-{len(draft)}.yaml"
+        res = runner.invoke(cli, ["init", "--target", "embedded:tiny-target", "--draft", draft, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert yaml.safe_load(out.read_text())["speculation"]["mode"] == mode, draft
+    out = tmp_path / "refused.yaml"
+    args = ["init", "--target", "embedded:tiny-target", "--draft", "embedded:tiny-medusa", "--mode", "draft-target"]
+    res = runner.invoke(cli, [*args, "--out", str(out)])
+    assert res.exit_code == 2 and not out.exists()
+    assert "is the Medusa heads trained for the target, not a draft for mode draft-target: use --mode medusa" in (
+        res.output
+    )
+
+
 def test_init_puts_an_embedded_target_where_its_mode_runs(runner, tmp_path):
     """torch for the modes trtspec's runner has (every mode now; NVIDIA's first backend for one it lacked)."""
     for mode, backend in (("ngram", "torch"), ("eagle3", "torch"), ("lookahead", "torch")):

@@ -26,7 +26,7 @@ from trtspec.config import DeploymentConfig
 from trtspec.deploy import sizing
 from trtspec.errors import UsageError
 from trtspec.families import convert_family
-from trtspec.modes import get_mode
+from trtspec.modes import get_mode, mode_for_draft
 from trtspec.versions import minor
 
 MANY_DRAFT_TOKENS = 8
@@ -365,7 +365,12 @@ def _check_memory(
 def _check_placement(cfg: DeploymentConfig, report: Report) -> None:
     """The GPUs the pods may land on (deploy.gpu_product, build.gpu_memory_gb, or any known GPU) against the
     weights per GPU, hub ids included (sizing.py's table), and /dev/shm against the memory limit."""
-    reason = sizing.fits(cfg)
+    try:
+        reason = sizing.fits(cfg)
+    except UsageError as e:  # a checkpoint sizing cannot read: the checkpoint checks above name it
+        if report.ok:
+            report.add("error", "gpu-fit", f"cannot size the checkpoints: {e}", "")
+        reason = None
     if reason and not any(f.code == "memory-weights" for f in report.findings):  # that finding says it already
         report.add("error", "gpu-fit", reason, "quantize, raise tp/pp, or require a larger GPU (deploy.gpu_product)")
     if (shm := sizing.shm_problem(cfg)) is not None:
@@ -507,6 +512,15 @@ def run_check(cfg: DeploymentConfig) -> Report:
     target = _load(cfg, "target", report)
     spec = get_mode(cfg.mode)
     loaded = _load(cfg, "draft", report) if cfg.draft is not None and spec.needs_draft else None
+    head = mode_for_draft(loaded.config) if loaded is not None else None
+    if head is not None and head is not spec:  # its config says what it is: no model checks that would misname it
+        report.add(
+            "error",
+            "draft-kind",
+            f"draft {loaded.path} is {head.draft_role}, not a draft for mode {cfg.mode}",
+            f"set speculation.mode: {head.name}",
+        )
+        loaded = None
     # a head (EAGLE-3, Medusa) is not a model: the mode checks it against the target, the model checks skip it
     draft, heads = (None, loaded) if spec.draft_head else (loaded, None)
     target, draft = (_decoder(role, info, report) for role, info in (("target", target), ("draft", draft)))

@@ -62,14 +62,15 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 @cli.command()
 @click.option("--target", required=True, help="Target checkpoint: a local HF directory, embedded:<name> or a hub id.")
 @click.option(
-    "--draft", help="Draft checkpoint: a model sharing the target's tokenizer (draft-target) or an EAGLE-3 head."
+    "--draft",
+    help="Draft checkpoint: a model sharing the target's tokenizer (draft-target), or EAGLE-3 or Medusa heads.",
 )
 @click.option("--mtp", is_flag=True, help="Draft with the target's own MTP layers (same as --mode mtp).")
 @click.option(
     "--mode",
     type=click.Choice(MODE_NAMES),
     default=None,
-    help="Speculative mode (default: draft-target with --draft, mtp with --mtp, else none).",
+    help="Speculative mode (default: with --draft, the heads' own mode or draft-target; mtp with --mtp; else none).",
 )
 @click.option("--name", help="Deployment name (default: from the target's directory name).")
 @click.option(
@@ -94,26 +95,30 @@ def init(
 ) -> None:
     """Write a commented deployment config for a target/draft pair or an MTP checkpoint."""
     from trtspec.errors import UsageError
-    from trtspec.init_config import build_config_dict, write_init_config
+    from trtspec.init_config import build_config_dict, draft_mode, write_init_config
 
     if mtp and mode not in (None, "mtp"):
         raise UsageError(f"--mtp and --mode {mode} exclude each other")
-    mode = mode or ("mtp" if mtp else ("draft-target" if draft else "none"))
-    spec = get_mode(mode)
-    if draft and not spec.needs_draft:
-        raise UsageError(f"--draft is not used with mode {mode}: it takes no draft checkpoint")
-    if spec.needs_draft and not draft:
-        raise UsageError(f"mode {mode} needs --draft: its draft checkpoint ({spec.draft_role})")
-    if backend is None:  # embedded models on trtspec's runner where it has the mode; else NVIDIA's first
-        usable = [b for b in BACKENDS if spec.row(b).exists]
-        on_torch = "torch" in usable and (target.startswith("embedded:") or usable == ["torch"])
-        backend = "torch" if on_torch else next(b for b in usable if b != "torch")
     if name is None:
         stem = target.removeprefix("embedded:").rstrip("/").split("/")[-1].lower()
         name = "".join(c if c.isalnum() else "-" for c in stem).strip("-")[:63] or "deployment"
     out = out or Path("configs") / f"{name}.yaml"
     base_dir = out.parent.resolve()
+    typed = draft
     target, draft = (_from_config(ref, base_dir) if ref else ref for ref in (target, draft))
+    head = draft_mode(draft, base_dir) if draft else None  # a head is its mode's draft, never a model's
+    mode = mode or ("mtp" if mtp else ((head.name if head else "draft-target") if draft else "none"))
+    spec = get_mode(mode)
+    if draft and not spec.needs_draft:
+        raise UsageError(f"--draft is not used with mode {mode}: it takes no draft checkpoint")
+    if spec.needs_draft and not draft:
+        raise UsageError(f"mode {mode} needs --draft: its draft checkpoint ({spec.draft_role})")
+    if head is not None and head is not spec:
+        raise UsageError(f"--draft {typed} is {head.draft_role}, not a draft for mode {mode}: use --mode {head.name}")
+    if backend is None:  # embedded models on trtspec's runner where it has the mode; else NVIDIA's first
+        usable = [b for b in BACKENDS if spec.row(b).exists]
+        on_torch = "torch" in usable and (target.startswith("embedded:") or usable == ["torch"])
+        backend = "torch" if on_torch else next(b for b in usable if b != "torch")
     data = build_config_dict(name, target, draft, mode, backend, base_dir)  # type: ignore[arg-type]
     path = write_init_config(out, data, force)
     click.echo(f"wrote {path} (mode {mode}, backend {backend}); next: trtspec validate {path}")

@@ -15,7 +15,7 @@ import yaml
 from trtspec.checkpoints.inspect import read_hf_config
 from trtspec.config import Backend, DeploySection, Mode, resolve_checkpoint, validate_config
 from trtspec.fsutil import atomic_write_text, refuse_overwrite, writing
-from trtspec.modes import MODE_NAMES, get_mode
+from trtspec.modes import MODE_NAMES, SpecMode, get_mode, mode_for_draft
 
 COMMENTS: dict[str, str] = {
     "name": "deployment name: Triton model names, engine and Kubernetes object names derive from it",
@@ -58,6 +58,11 @@ def _read_hf_config(ref: str, base_dir: Path) -> dict[str, Any]:
     if path is None:
         return {}
     return read_hf_config(path)
+
+
+def draft_mode(draft: str, base_dir: Path) -> SpecMode | None:
+    """The mode a draft checkpoint belongs to by its config.json (EAGLE-3 or Medusa heads), None for a model."""
+    return mode_for_draft(_read_hf_config(draft, base_dir))
 
 
 def build_config_dict(

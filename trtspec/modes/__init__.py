@@ -47,6 +47,11 @@ def mode_for_decoding_type(decoding_type: str) -> SpecMode | None:
     return None
 
 
+def mode_for_draft(draft_config: dict) -> SpecMode | None:
+    """The mode whose own kind of draft checkpoint this is (a head), None for a model any drafting mode reads."""
+    return next((mode for mode in REGISTRY.values() if mode.claims_draft(draft_config)), None)
+
+
 __all__ = [
     "BACKENDS",
     "MODES",
@@ -57,4 +62,5 @@ __all__ = [
     "Support",
     "get_mode",
     "mode_for_decoding_type",
+    "mode_for_draft",
 ]

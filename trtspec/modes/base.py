@@ -144,6 +144,11 @@ class SpecMode:
         """The mode's own config sections as `trtspec init` writes them, from the target's (and draft's) config.json."""
         return {self.section: self.settings_model().model_dump()} if self.section and self.settings_model else {}
 
+    def claims_draft(self, draft_config: dict[str, Any]) -> bool:
+        """Whether a draft checkpoint's config.json marks it as this mode's alone (a head, not a model): `init`
+        picks the mode from it, and `check` names it when another mode is configured."""
+        return False
+
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
     ) -> None:

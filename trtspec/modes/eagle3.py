@@ -166,6 +166,12 @@ class Eagle3(SpecMode):
         layers = spec.get("eagle3_layers_to_capture")
         return {} if layers is None else {"layers_to_capture": list(layers)}
 
+    def claims_draft(self, draft_config: dict[str, Any]) -> bool:
+        """trtspec's heads record `eagle_config`; published ones name an EAGLE-3 architecture
+        (LlamaForCausalLMEagle3, vLLM's Eagle3LlamaForCausalLM)."""
+        names = draft_config.get("architectures") or []
+        return "eagle_config" in draft_config or any("eagle3" in str(n).lower() for n in names)
+
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
     ) -> None:

@@ -285,6 +285,10 @@ class Medusa(SpecMode):
             section.choices = runner_up_once_tree(section.num_heads, room)
         return {self.section: section.model_dump()}
 
+    def claims_draft(self, draft_config: dict[str, Any]) -> bool:
+        """A heads folder's config.json counts its heads (FasterDecoding/Medusa's layout, and trtspec's)."""
+        return "medusa_num_heads" in draft_config
+
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
     ) -> None:
