@@ -652,6 +652,19 @@ def test_check_refuses_more_medusa_heads_than_the_checkpoint_has(tmp_path):
     assert "medusa-heads" not in {f.code for f in run_check(validate_config(data)).findings}
 
 
+def test_check_refuses_a_model_given_as_medusa_heads(tmp_path):
+    """A draft model in a Medusa config passed check (and failed at load): its config.json counts no heads."""
+    from trtspec.check import run_check
+
+    target = make_checkpoint(tmp_path / "t", vocab=8, hidden=16, layers=2)
+    model = make_checkpoint(tmp_path / "d", vocab=8, hidden=16, layers=1)
+    data = yaml.safe_load((REPO / "configs" / "vicuna-7b-medusa.yaml").read_text())
+    data["target"], data["draft"] = {"checkpoint": str(target)}, {"checkpoint": str(model)}
+    found = {f.code: f for f in run_check(validate_config(data)).findings}
+    assert found["medusa-heads"].severity == "error"
+    assert "has no medusa_num_heads, so it is no Medusa heads folder" in found["medusa-heads"].message
+
+
 def test_where_a_mode_runs_names_each_release_it_claims():
     assert get_mode("draft-target").where() == "tensorrt (TensorRT-LLM 1.0-1.2), pytorch (TensorRT-LLM 1.0-1.2), torch"
     assert get_mode("eagle3").where() == "pytorch (TensorRT-LLM 1.0, 1.2), torch"  # 1.1 is not pinned

@@ -295,6 +295,15 @@ class Medusa(SpecMode):
         """The heads checkpoint says how many heads it has (medusa_num_heads in its config.json)."""
         if draft is None:
             return
+        if not self.claims_draft(draft.config):
+            report.add(
+                "error",
+                "medusa-heads",
+                f"draft {draft.path}: its config.json has no medusa_num_heads, so it is no Medusa heads folder",
+                "point draft at the heads trained for the target (FasterDecoding/Medusa's layout: config.json with "
+                "medusa_num_heads beside medusa_lm_head weights); a model checkpoint is draft-target's draft",
+            )
+            return
         from trtspec.speculative.heads import TIED
 
         if draft.config.get(TIED) and cfg.build.backend != "torch":
