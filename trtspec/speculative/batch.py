@@ -128,9 +128,8 @@ class Sequence:
 
     @property
     def prefilled(self) -> bool:
-        return self.fed == len(self.prompt) - (
-            self.drafts is not None
-        )  # prefill_target, inlined: asked per row per step
+        # prefill_target, inlined: asked per row per step
+        return self.fed == len(self.prompt) - (self.drafts is not None)
 
 
 def draft_slots(drafter: Drafter | None, tree: TreeShape | None, k: int) -> int:
