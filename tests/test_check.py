@@ -137,11 +137,12 @@ def test_a_head_given_to_draft_target_is_named_not_misread(tmp_path, head, mode)
     draft = tmp_path / "head"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps({**(LLAMA if mode == "eagle3" else {}), **head}))
-    found = findings(config(tmp_path, make(tmp_path / "t"), draft))
-    errors = {code for code, fs in found.items() for f in fs if f.severity == "error"}
-    assert errors == {"draft-kind"}, found
-    assert "not a draft for mode draft-target" in found["draft-kind"][0].message
-    assert found["draft-kind"][0].fix == f"set speculation.mode: {mode}"
+    for build in ({}, {"gpu_memory_gb": 80}):  # with a GPU's size, sizing and serving decisions read the draft too
+        found = findings(config(tmp_path, make(tmp_path / f"t{len(build)}"), draft, build=build))
+        errors = {code for code, fs in found.items() for f in fs if f.severity == "error"}
+        assert errors == {"draft-kind"}, found
+        assert "not a draft for mode draft-target" in found["draft-kind"][0].message
+        assert found["draft-kind"][0].fix.startswith(f"use mode {mode} with its settings")
 
 
 def test_mtp_without_layers_and_with_missing_weights(tmp_path):

@@ -589,14 +589,19 @@ def test_deploy_force_keeps_the_compose_workspace_and_never_deletes_the_config_o
 
 
 def test_heads_given_as_a_draft_model_are_one_line_everywhere(runner, tmp_path, monkeypatch):
-    """Medusa heads under draft-target (init's default mode) are no decoder: check says so as a finding, deploy
-    sizes them as files, build and generate refuse naming the heads, never a staging folder or a KeyError."""
+    """Medusa heads under draft-target are no decoder: init refuses the pair, and where a hand edit makes it, check
+    says what the heads are as a finding, deploy sizes them as files, build and generate refuse naming the heads,
+    never a staging folder or a KeyError."""
     monkeypatch.chdir(tmp_path)
-    args = ["init", "--target", "embedded:tiny-target", "--draft", "embedded:tiny-medusa", "--backend", "torch"]
-    assert runner.invoke(cli, [*args, "--out", "c.yaml"]).exit_code == 0
+    args = ["init", "--target", "embedded:tiny-target", "--backend", "torch", "--out", "c.yaml", "--draft"]
+    line = one_line_error(runner.invoke(cli, [*args, "embedded:tiny-medusa", "--mode", "draft-target"]), 2)
+    assert "use --mode medusa" in line and not (tmp_path / "c.yaml").exists()
+    assert runner.invoke(cli, [*args, "embedded:tiny-draft"]).exit_code == 0
+    config = tmp_path / "c.yaml"
+    config.write_text(config.read_text().replace("embedded:tiny-draft", "embedded:tiny-medusa"))
     res = runner.invoke(cli, ["check", "c.yaml", "--json"])
     found = {f["code"]: f for f in json.loads(res.output)["findings"]}
-    assert res.exit_code != 0 and "num_hidden_layers" in found["model-config"]["message"]
+    assert res.exit_code != 0 and "is the Medusa heads trained for the target" in found["draft-kind"]["message"]
     res = runner.invoke(cli, ["deploy", "c.yaml", "--check"])
     assert isinstance(res.exception, SystemExit | None) and "smallest cluster" in res.output, res.output
     for command in (["build", "c.yaml"], ["generate", "c.yaml", "--prompt", "hi"]):

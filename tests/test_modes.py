@@ -755,6 +755,41 @@ def test_init_says_what_the_draft_is(runner, tmp_path, args, message):
     assert res.exit_code == 2 and message in res.output
 
 
+@pytest.mark.parametrize(
+    ("config", "mode"),
+    [
+        ({"medusa_num_heads": 5, "medusa_num_layers": 1}, "medusa"),  # FasterDecoding/Medusa
+        ({"architectures": ["LlamaForCausalLMEagle3"]}, "eagle3"),  # SpecForge, lmsys
+        ({"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000}, "eagle3"),  # EAGLE-3's own release
+        ({"architectures": ["LlamaForCausalLM"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1]}}, "eagle3"),
+        ({"architectures": ["LlamaForCausalLM"], "eagle_config": {"use_aux_hidden_state": False}}, None),  # EAGLE-1
+        ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}, None),  # a model
+        ({"architectures": 5, "eagle_config": [1]}, None),  # malformed: no head, and no crash
+    ],
+)
+def test_which_mode_a_draft_checkpoint_belongs_to(config, mode):
+    from trtspec.modes import mode_for_draft
+
+    found = mode_for_draft(config)
+    assert (found.name if found else None) == mode
+
+
+def test_init_reads_the_draft_only_where_the_mode_is_its_to_say(runner, tmp_path):
+    """--mtp or a mode without a draft says so before reading --draft; a config.json that is no object is one
+    line; a hub id, which init cannot read, is said to be assumed a model."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("[1, 2]")
+    base = ["init", "--target", "embedded:tiny-target", "--out", str(tmp_path / "c.yaml"), "--draft"]
+    for extra in (["--mtp"], ["--mode", "ngram"]):
+        res = runner.invoke(cli, [*base, str(broken), *extra])
+        assert res.exit_code == 2 and "--draft is not used with mode" in res.output, res.output
+    res = runner.invoke(cli, [*base, str(broken)])
+    assert res.exit_code == 2 and "config.json: not a JSON object" in res.output and "Traceback" not in res.output
+    res = runner.invoke(cli, [*base, "some-org/some-eagle3-head"])
+    assert res.exit_code == 0 and "is a hub id, not read here: for EAGLE-3 or Medusa heads pass --mode" in res.output
+
+
 def test_init_takes_the_mode_from_a_head_draft(runner, tmp_path):
     """A head is its own mode's draft: init without --mode writes that mode (a model still means draft-target),
     a published EAGLE-3 head is known by its architecture, and --mode draft-target with a head is refused."""

@@ -26,7 +26,7 @@ from trtspec.config import DeploymentConfig
 from trtspec.deploy import sizing
 from trtspec.errors import UsageError
 from trtspec.families import convert_family
-from trtspec.modes import get_mode, mode_for_draft
+from trtspec.modes import get_mode, mode_for_draft, wrong_draft
 from trtspec.versions import minor
 
 MANY_DRAFT_TOKENS = 8
@@ -362,14 +362,19 @@ def _check_memory(
         )
 
 
+def _unsized(report: Report, exc: UsageError) -> None:
+    """Sizing reads the checkpoints itself: one it cannot read is one error, unless a finding above named it."""
+    if not any(f.code in ("draft-kind", "model-config") for f in report.findings):
+        report.add("error", "sizing", f"cannot size the checkpoints: {exc}", "point the config at checkpoints it reads")
+
+
 def _check_placement(cfg: DeploymentConfig, report: Report) -> None:
     """The GPUs the pods may land on (deploy.gpu_product, build.gpu_memory_gb, or any known GPU) against the
     weights per GPU, hub ids included (sizing.py's table), and /dev/shm against the memory limit."""
     try:
         reason = sizing.fits(cfg)
-    except UsageError as e:  # a checkpoint sizing cannot read: the checkpoint checks above name it
-        if report.ok:
-            report.add("error", "gpu-fit", f"cannot size the checkpoints: {e}", "")
+    except UsageError as exc:
+        _unsized(report, exc)
         reason = None
     if reason and not any(f.code == "memory-weights" for f in report.findings):  # that finding says it already
         report.add("error", "gpu-fit", reason, "quantize, raise tp/pp, or require a larger GPU (deploy.gpu_product)")
@@ -413,8 +418,12 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
     if cfg.build.backend == "torch" and spec.torch_deploys and (why := spec.torch_deploy_refusal(cfg)):
         # generate and plan run it; the build refuses it (a mode only the runner runs says so at build time too)
         report.add("warning", "torch-deploy", f"trtspec build will refuse this config: {why}", "")
-    k = cfg.speculation.num_draft_tokens
-    if isinstance(k, int) and (longest := serving_decisions(cfg, k).get("target_max_draft_len")):
+    k, longest = cfg.speculation.num_draft_tokens, None
+    try:
+        longest = serving_decisions(cfg, k).get("target_max_draft_len") if isinstance(k, int) else None
+    except UsageError as exc:
+        _unsized(report, exc)
+    if longest:
         report.add(
             "info",
             "max-draft-len",
@@ -441,7 +450,11 @@ def _check_serving(cfg: DeploymentConfig, report: Report) -> None:
             "localhost:8001 before speculating",
             "keep gRPC on 8001 inside the container",
         )
-    plan = shared_gpu_plan(cfg)
+    try:
+        plan = shared_gpu_plan(cfg)
+    except UsageError as exc:
+        _unsized(report, exc)
+        return
     if plan is None:
         return
     if plan.max_tokens_in_paged_kv_cache < b.max_seq_len:
@@ -517,8 +530,8 @@ def run_check(cfg: DeploymentConfig) -> Report:
         report.add(
             "error",
             "draft-kind",
-            f"draft {loaded.path} is {head.draft_role}, not a draft for mode {cfg.mode}",
-            f"set speculation.mode: {head.name}",
+            f"draft {wrong_draft(str(loaded.path), head, cfg.mode)}",
+            f"use mode {head.name} with its settings (trtspec init --target ... --draft ... writes them)",
         )
         loaded = None
     # a head (EAGLE-3, Medusa) is not a model: the mode checks it against the target, the model checks skip it

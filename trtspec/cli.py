@@ -94,8 +94,10 @@ def init(
     force: bool,
 ) -> None:
     """Write a commented deployment config for a target/draft pair or an MTP checkpoint."""
+    from trtspec.config import resolve_checkpoint
     from trtspec.errors import UsageError
     from trtspec.init_config import build_config_dict, draft_mode, write_init_config
+    from trtspec.modes import wrong_draft
 
     if mtp and mode not in (None, "mtp"):
         raise UsageError(f"--mtp and --mode {mode} exclude each other")
@@ -106,7 +108,9 @@ def init(
     base_dir = out.parent.resolve()
     typed = draft
     target, draft = (_from_config(ref, base_dir) if ref else ref for ref in (target, draft))
-    head = draft_mode(draft, base_dir) if draft else None  # a head is its mode's draft, never a model's
+    guessed = bool(draft) and not mtp and mode is None  # the mode is the draft's to say
+    reads_draft = guessed or bool(draft and mode and get_mode(mode).needs_draft)
+    head = draft_mode(draft, base_dir) if reads_draft else None  # a head is its mode's draft, never a model's
     mode = mode or ("mtp" if mtp else ((head.name if head else "draft-target") if draft else "none"))
     spec = get_mode(mode)
     if draft and not spec.needs_draft:
@@ -114,7 +118,7 @@ def init(
     if spec.needs_draft and not draft:
         raise UsageError(f"mode {mode} needs --draft: its draft checkpoint ({spec.draft_role})")
     if head is not None and head is not spec:
-        raise UsageError(f"--draft {typed} is {head.draft_role}, not a draft for mode {mode}: use --mode {head.name}")
+        raise UsageError(f"--draft {wrong_draft(typed, head, mode)}: use --mode {head.name}")
     if backend is None:  # embedded models on trtspec's runner where it has the mode; else NVIDIA's first
         usable = [b for b in BACKENDS if spec.row(b).exists]
         on_torch = "torch" in usable and (target.startswith("embedded:") or usable == ["torch"])
@@ -122,6 +126,8 @@ def init(
     data = build_config_dict(name, target, draft, mode, backend, base_dir)  # type: ignore[arg-type]
     path = write_init_config(out, data, force)
     click.echo(f"wrote {path} (mode {mode}, backend {backend}); next: trtspec validate {path}")
+    if guessed and resolve_checkpoint(draft, base_dir) is None:  # a hub id: nothing here says what it is
+        click.echo(f"--draft {typed} is a hub id, not read here: for EAGLE-3 or Medusa heads pass --mode")
 
 
 def _from_config(ref: str, config_dir: Path) -> str:

@@ -40,7 +40,10 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise UsageError(f"{path}: not a Hugging Face checkpoint (no config.json)")
-    return _read_json(cfg_path)
+    config = _read_json(cfg_path)
+    if not isinstance(config, dict):
+        raise UsageError(f"{cfg_path}: not a JSON object, so no model config")
+    return config
 
 
 def safetensors_header(path: Path) -> dict[str, Any]:

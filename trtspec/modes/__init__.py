@@ -52,6 +52,11 @@ def mode_for_draft(draft_config: dict) -> SpecMode | None:
     return next((mode for mode in REGISTRY.values() if mode.claims_draft(draft_config)), None)
 
 
+def wrong_draft(draft: str, head: SpecMode, mode: str) -> str:
+    """What init and check say of a head configured as another mode's draft."""
+    return f"{draft} is {head.draft_role}, not a draft for mode {mode}"
+
+
 __all__ = [
     "BACKENDS",
     "MODES",
@@ -63,4 +68,5 @@ __all__ = [
     "get_mode",
     "mode_for_decoding_type",
     "mode_for_draft",
+    "wrong_draft",
 ]

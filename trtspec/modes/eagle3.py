@@ -167,10 +167,14 @@ class Eagle3(SpecMode):
         return {} if layers is None else {"layers_to_capture": list(layers)}
 
     def claims_draft(self, draft_config: dict[str, Any]) -> bool:
-        """trtspec's heads record `eagle_config`; published ones name an EAGLE-3 architecture
-        (LlamaForCausalLMEagle3, vLLM's Eagle3LlamaForCausalLM)."""
-        names = draft_config.get("architectures") or []
-        return "eagle_config" in draft_config or any("eagle3" in str(n).lower() for n in names)
+        """EAGLE-3's own vocabulary (`draft_vocab_size`: EAGLE-1/2 heads have none), an EAGLE-3 architecture name
+        (LlamaForCausalLMEagle3, vLLM's Eagle3LlamaForCausalLM), or an `eagle_config` that reads the target's
+        layers (trtspec's heads; ModelOpt writes one with use_aux_hidden_state false for EAGLE-1 too)."""
+        names = draft_config.get("architectures")
+        named = isinstance(names, list) and any("eagle3" in str(n).lower() for n in names)
+        eagle = draft_config.get("eagle_config")
+        fused = isinstance(eagle, dict) and eagle.get("use_aux_hidden_state") is not False
+        return "draft_vocab_size" in draft_config or named or fused
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
