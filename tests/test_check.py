@@ -137,8 +137,9 @@ def test_a_head_given_to_draft_target_is_named_not_misread(tmp_path, head, mode)
     draft = tmp_path / "head"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps({**(LLAMA if mode == "eagle3" else {}), **head}))
-    for build in ({}, {"gpu_memory_gb": 80}):  # with a GPU's size, sizing and serving decisions read the draft too
-        found = findings(config(tmp_path, make(tmp_path / f"t{len(build)}"), draft, build=build))
+    # with a GPU's size or /dev/shm's, sizing, serving decisions and the pod's memory read the draft too
+    for i, sections in enumerate(({}, {"build": {"gpu_memory_gb": 80}}, {"deploy": {"shm_size": "1Gi"}})):
+        found = findings(config(tmp_path, make(tmp_path / f"t{i}"), draft, **sections))
         errors = {code for code, fs in found.items() for f in fs if f.severity == "error"}
         assert errors == {"draft-kind"}, found
         assert "not a draft for mode draft-target" in found["draft-kind"][0].message

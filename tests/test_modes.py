@@ -662,7 +662,7 @@ def test_check_refuses_a_model_given_as_medusa_heads(tmp_path):
     data["target"], data["draft"] = {"checkpoint": str(target)}, {"checkpoint": str(model)}
     found = {f.code: f for f in run_check(validate_config(data)).findings}
     assert found["medusa-heads"].severity == "error"
-    assert "has no medusa_num_heads, so it is no Medusa heads folder" in found["medusa-heads"].message
+    assert "counts no heads (medusa_num_heads): no Medusa heads folder" in found["medusa-heads"].message
 
 
 def test_where_a_mode_runs_names_each_release_it_claims():

@@ -364,7 +364,7 @@ def _check_memory(
 
 def _unsized(report: Report, exc: UsageError) -> None:
     """Sizing reads the checkpoints itself: one it cannot read is one error, unless a finding above named it."""
-    if not any(f.code in ("draft-kind", "model-config") for f in report.findings):
+    if not any(f.code in ("draft-kind", "model-config", "sizing") for f in report.findings):
         report.add("error", "sizing", f"cannot size the checkpoints: {exc}", "point the config at checkpoints it reads")
 
 
@@ -372,13 +372,13 @@ def _check_placement(cfg: DeploymentConfig, report: Report) -> None:
     """The GPUs the pods may land on (deploy.gpu_product, build.gpu_memory_gb, or any known GPU) against the
     weights per GPU, hub ids included (sizing.py's table), and /dev/shm against the memory limit."""
     try:
-        reason = sizing.fits(cfg)
+        reason, shm = sizing.fits(cfg), sizing.shm_problem(cfg)
     except UsageError as exc:
         _unsized(report, exc)
-        reason = None
+        return
     if reason and not any(f.code == "memory-weights" for f in report.findings):  # that finding says it already
         report.add("error", "gpu-fit", reason, "quantize, raise tp/pp, or require a larger GPU (deploy.gpu_product)")
-    if (shm := sizing.shm_problem(cfg)) is not None:
+    if shm is not None:
         report.add("error", "shm-size", shm, "")
 
 

@@ -287,7 +287,7 @@ class Medusa(SpecMode):
 
     def claims_draft(self, draft_config: dict[str, Any]) -> bool:
         """A heads folder's config.json counts its heads (FasterDecoding/Medusa's layout, and trtspec's)."""
-        return "medusa_num_heads" in draft_config
+        return isinstance(draft_config.get("medusa_num_heads"), int)
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
@@ -299,7 +299,7 @@ class Medusa(SpecMode):
             report.add(
                 "error",
                 "medusa-heads",
-                f"draft {draft.path}: its config.json has no medusa_num_heads, so it is no Medusa heads folder",
+                f"draft {draft.path}: its config.json counts no heads (medusa_num_heads): no Medusa heads folder",
                 "point draft at the heads trained for the target (FasterDecoding/Medusa's layout: config.json with "
                 "medusa_num_heads beside medusa_lm_head weights); a model checkpoint is draft-target's draft",
             )
