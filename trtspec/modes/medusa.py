@@ -46,10 +46,17 @@ if TYPE_CHECKING:
     from trtspec.speculative.tree import TreeShape
 
 MEDUSA_FOLDER = "medusa"  # examples/medusa/convert_checkpoint.py
+HEADS_KEY = "medusa_num_heads"  # a heads folder's config.json: how many heads (FasterDecoding/Medusa's layout)
 DEFAULT_TOKEN_LEN = 63  # convert_checkpoint.py --max_medusa_token_len's default: the tree's nodes
 # the backend's default tree, Medusa's mc_sim_7b_63 (FasterDecoding/Medusa medusa/model/medusa_choices.py): 63
 # nodes, paths up to 4 deep, so it needs 4 heads and room for 63 drafts
 DEFAULT_TREE_DEPTH, DEFAULT_TREE_NODES = 4, 63
+
+
+def counted_heads(config: dict[str, Any]) -> int | None:
+    """The heads a config.json counts; None where it is no Medusa heads folder's (null, 0 or true counts none)."""
+    heads = config.get(HEADS_KEY)
+    return heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else None
 
 
 def runner_up_once_tree(depth: int, nodes: int | None = None) -> list[list[int]]:
@@ -278,8 +285,8 @@ class Medusa(SpecMode):
         """As many heads as the checkpoint has; a tree of its own where the backend's default does not fit
         (backend torch has no copy of mc_sim_7b_63, which needs 4 heads), so the config builds as written."""
         section = MedusaSection()
-        if draft_config.get("medusa_num_heads"):
-            section.num_heads = int(draft_config["medusa_num_heads"])
+        if heads := counted_heads(draft_config):
+            section.num_heads = heads
         if default_tree_problem(section, backend):
             room = section.max_token_len if backend != "torch" else min(section.max_token_len, MAX_TREE_NODES)
             section.choices = runner_up_once_tree(section.num_heads, room)
@@ -287,21 +294,22 @@ class Medusa(SpecMode):
 
     def claims_draft(self, draft_config: dict[str, Any]) -> bool:
         """A heads folder's config.json counts its heads (FasterDecoding/Medusa's layout, and trtspec's)."""
-        return isinstance(draft_config.get("medusa_num_heads"), int)
+        return counted_heads(draft_config) is not None
 
     def check(
         self, cfg: DeploymentConfig, target: CheckpointInfo | None, draft: CheckpointInfo | None, report: Report
     ) -> None:
-        """The heads checkpoint says how many heads it has (medusa_num_heads in its config.json)."""
+        """The heads checkpoint says how many heads it has (its config.json's HEADS_KEY)."""
         if draft is None:
             return
-        if not self.claims_draft(draft.config):
+        heads = counted_heads(draft.config)
+        if heads is None:
             report.add(
                 "error",
                 "medusa-heads",
-                f"draft {draft.path}: its config.json counts no heads (medusa_num_heads): no Medusa heads folder",
+                f"draft {draft.path}: its config.json counts no heads ({HEADS_KEY}): no Medusa heads folder",
                 "point draft at the heads trained for the target (FasterDecoding/Medusa's layout: config.json with "
-                "medusa_num_heads beside medusa_lm_head weights); a model checkpoint is draft-target's draft",
+                f"{HEADS_KEY} beside medusa_lm_head weights); a model checkpoint is draft-target's draft",
             )
             return
         from trtspec.speculative.heads import TIED
@@ -314,8 +322,7 @@ class Medusa(SpecMode):
                 "lm_head); TensorRT-LLM's converter needs them",
                 "write the full layout: tools/train_medusa_heads.py --untied, or MedusaHeads.save(tied=False)",
             )
-        heads = draft.config.get("medusa_num_heads")
-        if heads is not None and int(heads) < self.settings(cfg).num_heads:
+        if heads < self.settings(cfg).num_heads:
             report.add(
                 "error",
                 "medusa-heads",

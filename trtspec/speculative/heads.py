@@ -25,6 +25,7 @@ from torch import nn
 
 from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
+from trtspec.modes.medusa import HEADS_KEY
 from trtspec.speculative.model import Linear, save_weights
 
 WEIGHTS = "medusa_lm_head.safetensors"
@@ -66,7 +67,7 @@ class MedusaHeads(nn.Module):
     def config(self) -> dict:
         out = self.heads[0][-1]
         return {
-            "medusa_num_heads": self.num_heads,
+            HEADS_KEY: self.num_heads,
             "medusa_num_layers": self.num_layers,
             "hidden_size": out.in_features,
             "vocab_size": out.out_features,
@@ -102,10 +103,10 @@ def load_heads(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     folder = Path(folder)
     try:
         cfg = json.loads((folder / "config.json").read_text())
-        heads, layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
+        heads, layers = int(cfg[HEADS_KEY]), int(cfg.get("medusa_num_layers", 1))
         hidden, vocab = int(cfg["hidden_size"]), int(cfg["vocab_size"])
     except FileNotFoundError:
-        raise UsageError(f"{folder}: no config.json (a Medusa heads folder has one with medusa_num_heads)") from None
+        raise UsageError(f"{folder}: no config.json (a Medusa heads folder has one with {HEADS_KEY})") from None
     except (KeyError, ValueError, TypeError) as exc:
         raise UsageError(f"{folder}/config.json: not a Medusa heads config ({exc})") from None
     if not (folder / WEIGHTS).exists():
