@@ -588,25 +588,30 @@ def test_deploy_force_keeps_the_compose_workspace_and_never_deletes_the_config_o
     assert snapshot(tmp_path) == before
 
 
-def test_heads_given_as_a_draft_model_are_one_line_everywhere(runner, tmp_path, monkeypatch):
-    """Medusa heads under draft-target are no decoder: init refuses the pair, and where a hand edit makes it, check
-    says what the heads are as a finding, deploy sizes them as files, build and generate refuse naming the heads,
-    never a staging folder or a KeyError."""
+@pytest.mark.parametrize("head", ["medusa", "eagle3"])
+def test_heads_given_as_a_draft_model_are_one_line_everywhere(runner, tmp_path, monkeypatch, head):
+    """Heads under draft-target are no decoder: init refuses the pair, and where a hand edit makes it, check says
+    what the heads are as a finding, deploy sizes them as files, build and generate refuse naming the heads and
+    their mode (the EAGLE-3 head's config.json names LlamaForCausalLM), never a staging folder or a KeyError."""
+    from trtspec.modes import get_mode
+
+    role, name = get_mode(head).draft_role, f"tiny-{head}"
     monkeypatch.chdir(tmp_path)
     args = ["init", "--target", "embedded:tiny-target", "--backend", "torch", "--out", "c.yaml", "--draft"]
-    line = one_line_error(runner.invoke(cli, [*args, "embedded:tiny-medusa", "--mode", "draft-target"]), 2)
-    assert "use --mode medusa" in line and not (tmp_path / "c.yaml").exists()
+    line = one_line_error(runner.invoke(cli, [*args, f"embedded:{name}", "--mode", "draft-target"]), 2)
+    assert f"use --mode {head}" in line and not (tmp_path / "c.yaml").exists()
     assert runner.invoke(cli, [*args, "embedded:tiny-draft"]).exit_code == 0
     config = tmp_path / "c.yaml"
-    config.write_text(config.read_text().replace("embedded:tiny-draft", "embedded:tiny-medusa"))
+    config.write_text(config.read_text().replace("embedded:tiny-draft", f"embedded:{name}"))
     res = runner.invoke(cli, ["check", "c.yaml", "--json"])
     found = {f["code"]: f for f in json.loads(res.output)["findings"]}
-    assert res.exit_code != 0 and "is the Medusa heads trained for the target" in found["draft-kind"]["message"]
+    assert res.exit_code != 0 and f"is {role}" in found["draft-kind"]["message"]
     res = runner.invoke(cli, ["deploy", "c.yaml", "--check"])
     assert isinstance(res.exception, SystemExit | None) and "smallest cluster" in res.output, res.output
     for command in (["build", "c.yaml"], ["generate", "c.yaml", "--prompt", "hi"]):
         line = one_line_error(runner.invoke(cli, command), 2)
-        assert "tiny-medusa: config.json names no architectures" in line and ".staging" not in line, line
+        assert f"{name} is {role}, not a model the torch runner loads: use mode {head}" in line, line
+        assert ".staging" not in line, line
     assert not (tmp_path / "engines" / "tiny-target" / "draft").exists()
 
 

@@ -765,6 +765,9 @@ def test_init_says_what_the_draft_is(runner, tmp_path, args, message):
         ({"architectures": ["LlamaForCausalLM"], "eagle_config": {"use_aux_hidden_state": False}}, None),  # EAGLE-1
         ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}, None),  # a model
         ({"architectures": 5, "eagle_config": [1]}, None),  # malformed: no head, and no crash
+        ({"medusa_num_heads": None}, None),  # no count: check calls it no heads folder
+        ({"medusa_num_heads": 0}, None),
+        ({"medusa_num_heads": True}, None),
     ],
 )
 def test_which_mode_a_draft_checkpoint_belongs_to(config, mode):
@@ -772,6 +775,26 @@ def test_which_mode_a_draft_checkpoint_belongs_to(config, mode):
 
     found = mode_for_draft(config)
     assert (found.name if found else None) == mode
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000}, "is the EAGLE-3 head trained for the "
+         "target, not a model the torch runner loads: use mode eagle3"),
+        ({"medusa_num_heads": 3}, "is the Medusa heads trained for the target, not a model the torch runner loads: "
+         "use mode medusa"),
+        ({"medusa_num_heads": 0}, "config.json names no architectures"),
+        ({"architectures": ["GPT2LMHeadModel"]}, "not GPT2LMHeadModel"),
+    ],
+)  # fmt: skip
+def test_the_runner_names_what_it_cannot_load(tmp_path, config, message):
+    """build and generate load through this: a head names its mode (EAGLE-3's releases name LlamaForCausalLM)."""
+    from trtspec.speculative.model import refuse_unsupported_architecture
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        refuse_unsupported_architecture(tmp_path, config)
+    refuse_unsupported_architecture(tmp_path, {"architectures": ["LlamaForCausalLM"]})  # a model passes
 
 
 def test_init_reads_the_draft_only_where_the_mode_is_its_to_say(runner, tmp_path):
@@ -787,7 +810,7 @@ def test_init_reads_the_draft_only_where_the_mode_is_its_to_say(runner, tmp_path
     res = runner.invoke(cli, [*base, str(broken)])
     assert res.exit_code == 2 and "config.json: not a JSON object" in res.output and "Traceback" not in res.output
     res = runner.invoke(cli, [*base, "some-org/some-eagle3-head"])
-    assert res.exit_code == 0 and "is a hub id, not read here: for EAGLE-3 or Medusa heads pass --mode" in res.output
+    assert res.exit_code == 0 and "is a hub id, not read here: for heads pass --mode eagle3 or medusa" in res.output
 
 
 def test_init_takes_the_mode_from_a_head_draft(runner, tmp_path):

@@ -52,6 +52,10 @@ def mode_for_draft(draft_config: dict) -> SpecMode | None:
     return next((mode for mode in REGISTRY.values() if mode.claims_draft(draft_config)), None)
 
 
+# the modes whose draft is a head on the target, known by its config.json (claims_draft)
+HEAD_MODES: tuple[SpecMode, ...] = tuple(m for m in REGISTRY.values() if m.draft_head)
+
+
 def wrong_draft(draft: str, head: SpecMode, mode: str) -> str:
     """What init and check say of a head configured as another mode's draft."""
     return f"{draft} is {head.draft_role}, not a draft for mode {mode}"
@@ -59,6 +63,7 @@ def wrong_draft(draft: str, head: SpecMode, mode: str) -> str:
 
 __all__ = [
     "BACKENDS",
+    "HEAD_MODES",
     "MODES",
     "MODE_NAMES",
     "REGISTRY",

@@ -440,11 +440,16 @@ def _refuse_mismatched_shapes(path: Path, state: dict[str, torch.Tensor], expect
 
 def refuse_unsupported_architecture(path: Path, hf: dict) -> None:
     """One line for a checkpoint the runner cannot load, before anything is written from it."""
+    from trtspec.modes import HEAD_MODES, mode_for_draft
+
+    if head := mode_for_draft(hf):  # EAGLE-3's original releases name LlamaForCausalLM: read before the name
+        raise UsageError(f"{path} is {head.draft_role}, not a model the torch runner loads: use mode {head.name}")
     names = hf.get("architectures") or []
     if not names:
         raise UsageError(
             f"{path}: config.json names no architectures, so it is no model the torch runner loads "
-            f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))}); Medusa or EAGLE-3 heads are the draft of their own mode"
+            f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))}); heads are the draft of their own mode "
+            f"({', '.join(m.name for m in HEAD_MODES)})"
         )
     if names[0] not in SUPPORTED_ARCHITECTURES:
         raise UsageError(f"{path}: the torch runner supports {sorted(SUPPORTED_ARCHITECTURES)}, not {names[0]}")
