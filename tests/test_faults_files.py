@@ -610,7 +610,7 @@ def test_heads_given_as_a_draft_model_are_one_line_everywhere(runner, tmp_path, 
     assert isinstance(res.exception, SystemExit | None) and "smallest cluster" in res.output, res.output
     for command in (["build", "c.yaml"], ["generate", "c.yaml", "--prompt", "hi"]):
         line = one_line_error(runner.invoke(cli, command), 2)
-        assert f"{name} is {role}, not a model the torch runner loads: use mode {head}" in line, line
+        assert f"{name} is {role}, not a draft for mode draft-target: use mode {head}" in line, line
         assert ".staging" not in line, line
     assert not (tmp_path / "engines" / "tiny-target" / "draft").exists()
 

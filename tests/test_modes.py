@@ -778,23 +778,27 @@ def test_which_mode_a_draft_checkpoint_belongs_to(config, mode):
 
 
 @pytest.mark.parametrize(
-    ("config", "message"),
+    ("config", "draft_for", "message"),
     [
-        ({"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000}, "is the EAGLE-3 head trained for the "
-         "target, not a model the torch runner loads: use mode eagle3"),
-        ({"medusa_num_heads": 3}, "is the Medusa heads trained for the target, not a model the torch runner loads: "
-         "use mode medusa"),
-        ({"medusa_num_heads": 0}, "config.json names no architectures"),
-        ({"architectures": ["GPT2LMHeadModel"]}, "not GPT2LMHeadModel"),
+        ({"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000}, "draft-target",
+         "is the EAGLE-3 head trained for the target, not a draft for mode draft-target: use mode eagle3"),
+        ({"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000}, None,
+         "is the EAGLE-3 head trained for the target, not a target model: it is the draft of mode eagle3"),
+        ({"medusa_num_heads": 3}, "draft-target",
+         "is the Medusa heads trained for the target, not a draft for mode draft-target: use mode medusa"),
+        ({"medusa_num_heads": 3}, None, "not a target model: it is the draft of mode medusa"),
+        ({"medusa_num_heads": 0}, None, "config.json names no architectures"),
+        ({"architectures": ["GPT2LMHeadModel"]}, "draft-target", "not GPT2LMHeadModel"),
     ],
 )  # fmt: skip
-def test_the_runner_names_what_it_cannot_load(tmp_path, config, message):
-    """build and generate load through this: a head names its mode (EAGLE-3's releases name LlamaForCausalLM)."""
+def test_the_runner_names_what_it_cannot_load(tmp_path, config, draft_for, message):
+    """build and generate load through this, as the target or a mode's draft: a head says what it is in init's and
+    check's words (EAGLE-3's releases name LlamaForCausalLM, so the name alone does not tell)."""
     from trtspec.speculative.model import refuse_unsupported_architecture
 
     with pytest.raises(UsageError, match=re.escape(message)):
-        refuse_unsupported_architecture(tmp_path, config)
-    refuse_unsupported_architecture(tmp_path, {"architectures": ["LlamaForCausalLM"]})  # a model passes
+        refuse_unsupported_architecture(tmp_path, config, draft_for)
+    refuse_unsupported_architecture(tmp_path, {"architectures": ["LlamaForCausalLM"]}, draft_for)  # a model passes
 
 
 def test_init_reads_the_draft_only_where_the_mode_is_its_to_say(runner, tmp_path):

@@ -4,6 +4,8 @@ proposes trees, alone and batched."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tiny_models import make_checkpoint
@@ -287,6 +289,14 @@ def test_bad_heads_are_refused_in_one_line(pair, medusa, tmp_path):
     medusa.save(tmp_path / "h")
     (tmp_path / "h" / WEIGHTS).write_bytes(b"not safetensors")
     with pytest.raises(UsageError, match="corrupt"):
+        load_heads(tmp_path / "h")
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    for count in (0, True, None, "2"):  # what check calls no heads folder, the runner does not load either
+        (tmp_path / "h" / "config.json").write_text(json.dumps({**config, "medusa_num_heads": count}))
+        with pytest.raises(UsageError, match=r"counts no heads \(medusa_num_heads\): no Medusa heads folder"):
+            load_heads(tmp_path / "h")
+    (tmp_path / "h" / "config.json").write_text("[2]")
+    with pytest.raises(UsageError, match="counts no heads"):
         load_heads(tmp_path / "h")
     MedusaHeads(2, 1, 16, 50).save(tmp_path / "small")
     with pytest.raises(UsageError, match="heads for another model"):

@@ -181,7 +181,7 @@ def _torch_steps(cfg: DeploymentConfig, k: int, fingerprints: dict[str, Any]) ->
             else:  # named by the checkpoint, before its engine is staged
                 from trtspec.speculative.model import refuse_unsupported_architecture
 
-                refuse_unsupported_architecture(path, read_hf_config(path))
+                refuse_unsupported_architecture(path, read_hf_config(path), cfg.mode if role == "draft" else None)
             load = (lambda out: spec.load_draft(out, dtype, "cpu", build["max_seq_len"])) if head else None
             write_torch_engine(path, staging, dtype, role, build, load)
             seconds = time.perf_counter() - t0

@@ -196,7 +196,7 @@ class SpecMode:
         """The draft checkpoint as the torch runner holds it (a model; heads override)."""
         from trtspec.speculative.model import load_transformer
 
-        return load_transformer(path, dtype=dtype, device=device, max_len=max_len)
+        return load_transformer(path, dtype=dtype, device=device, max_len=max_len, draft_for=self.name)
 
     def runner_settings(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The mode's section fields (as its drafter reads them) from a served model.yaml's speculative_config."""

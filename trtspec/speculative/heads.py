@@ -25,7 +25,7 @@ from torch import nn
 
 from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_write_text
-from trtspec.modes.medusa import HEADS_KEY
+from trtspec.modes.medusa import HEADS_KEY, counted_heads
 from trtspec.speculative.model import Linear, save_weights
 
 WEIGHTS = "medusa_lm_head.safetensors"
@@ -103,8 +103,10 @@ def load_heads(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     folder = Path(folder)
     try:
         cfg = json.loads((folder / "config.json").read_text())
-        heads, layers = int(cfg[HEADS_KEY]), int(cfg.get("medusa_num_layers", 1))
-        hidden, vocab = int(cfg["hidden_size"]), int(cfg["vocab_size"])
+        heads = counted_heads(cfg) if isinstance(cfg, dict) else None
+        if heads is None:  # check says the same: a model, or a count of 0, null or true
+            raise UsageError(f"{folder}/config.json: counts no heads ({HEADS_KEY}): no Medusa heads folder")
+        layers, hidden, vocab = int(cfg.get("medusa_num_layers", 1)), int(cfg["hidden_size"]), int(cfg["vocab_size"])
     except FileNotFoundError:
         raise UsageError(f"{folder}: no config.json (a Medusa heads folder has one with {HEADS_KEY})") from None
     except (KeyError, ValueError, TypeError) as exc:

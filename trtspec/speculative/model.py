@@ -438,12 +438,15 @@ def _refuse_mismatched_shapes(path: Path, state: dict[str, torch.Tensor], expect
             )
 
 
-def refuse_unsupported_architecture(path: Path, hf: dict) -> None:
-    """One line for a checkpoint the runner cannot load, before anything is written from it."""
-    from trtspec.modes import HEAD_MODES, mode_for_draft
+def refuse_unsupported_architecture(path: Path, hf: dict, draft_for: str | None = None) -> None:
+    """One line for a checkpoint the runner cannot load, before anything is written from it; `draft_for` is the
+    mode it is loaded as the draft of (None: the target), so a head is named in init's and check's words."""
+    from trtspec.modes import HEAD_MODES, mode_for_draft, wrong_draft
 
     if head := mode_for_draft(hf):  # EAGLE-3's original releases name LlamaForCausalLM: read before the name
-        raise UsageError(f"{path} is {head.draft_role}, not a model the torch runner loads: use mode {head.name}")
+        if draft_for is not None:
+            raise UsageError(f"{wrong_draft(str(path), head, draft_for)}: use mode {head.name}")
+        raise UsageError(f"{path} is {head.draft_role}, not a target model: it is the draft of mode {head.name}")
     names = hf.get("architectures") or []
     if not names:
         raise UsageError(
@@ -461,11 +464,13 @@ def load_transformer(
     device: str = "cpu",
     max_len: int = 2048,
     mtp_layers: int | None = None,
+    draft_for: str | None = None,
 ) -> Transformer:
-    """Load a Llama-family HF checkpoint (and any DeepSeek-V3-layout MTP layers) into a Transformer."""
+    """Load a Llama-family HF checkpoint (and any DeepSeek-V3-layout MTP layers) into a Transformer; `draft_for`
+    names the mode it drafts for (None: the target)."""
     path = Path(path)
     hf = read_hf_config(path)
-    refuse_unsupported_architecture(path, hf)
+    refuse_unsupported_architecture(path, hf, draft_for)
     dims = dims_from_hf_config(hf)
     if mtp_layers is not None:
         if mtp_layers > dims.num_mtp_layers:
