@@ -33,7 +33,7 @@ def test_a_cascaded_draft_drafts_what_the_draft_model_alone_drafts(pair, k):
     """Greedy: the same drafts, so the same accepted counts per step, in no more passes than K per step."""
     target, draft = pair
     alone = SpeculativeRunner(target, DraftModelDrafter(draft), num_draft_tokens=k).generate(PROMPTS, GREEDY)
-    cascade = CascadeDrafter(draft, NgramDrafter())
+    cascade = CascadeDrafter(draft)
     together = SpeculativeRunner(target, cascade, num_draft_tokens=k).generate(PROMPTS, GREEDY)
     plain = SpeculativeRunner(target).generate(PROMPTS, GREEDY)
     assert [g.tokens for g in together] == [g.tokens for g in plain] == [g.tokens for g in alone]
@@ -46,7 +46,7 @@ def test_a_cascaded_draft_drafts_what_the_draft_model_alone_drafts(pair, k):
 def test_the_cost_model_predicts_the_passes_at_batch_1(pair):
     target, draft = pair
     k = 5
-    cascade = CascadeDrafter(draft, NgramDrafter())
+    cascade = CascadeDrafter(draft)
     runner = SpeculativeRunner(target, cascade, num_draft_tokens=k)
     for prompt in PROMPTS:
         runner.generate([prompt], GREEDY)
@@ -61,7 +61,7 @@ def test_a_seeded_cascaded_row_samples_the_same_tokens_whatever_shares_its_batch
     """One draw per draft position and row, whether its draft came from the guesses' pass or its own, and
     as many near its end beside longer rows as alone (a step drafts the rows' K, not what the end leaves)."""
     target, draft = pair
-    runner = SpeculativeRunner(target, CascadeDrafter(draft, NgramDrafter()), num_draft_tokens=4)
+    runner = SpeculativeRunner(target, CascadeDrafter(draft), num_draft_tokens=4)
     hot = GenerationParams(max_tokens=24, sampling=SamplingParams(temperature=1.0), seed=7)
     results = []
     for others in ([], [PROMPTS[0], PROMPTS[1]]):
@@ -159,7 +159,7 @@ def test_each_drafter_says_how_its_drafting_grows_with_the_batch(pair):
     assert LookaheadDrafter(3, 2, 1).batch_scale(8, 3, 1, seconds, target) == 8
     assert DraftModelDrafter(draft).batch_scale(8, 3, 2, seconds, target) == 8
     assert Drafter().batch_scale(8, 3, 1, seconds, target) == 5 / 1.5  # heads, MTP: the target's pass
-    cascade = CascadeDrafter(draft, NgramDrafter())
+    cascade = CascadeDrafter(draft)
     assert cascade.batch_scale(8, 4, 1, seconds, target) == 8  # no steps yet: as the draft model
     cascade.passes = [30, 10]  # 3 passes a step at batch 1; a batch takes K = 4
     assert cascade.batch_scale(8, 4, 1, seconds, target) == 8 * 4 / 3

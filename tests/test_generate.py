@@ -10,7 +10,7 @@ from conftest import CONFIGS, REPO
 
 from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.cli import cli
-from trtspec.speculative.drafters import NgramDrafter
+from trtspec.speculative.drafters import latest_match
 
 PROMPT = "ROMEO:\nBut soft, what light"
 
@@ -152,11 +152,10 @@ def test_corrupt_checkpoint_is_a_one_line_error(runner, tmp_path):
     assert res.exit_code == 2 and "truncated safetensors file" in res.stderr and "Traceback" not in res.output
 
 
-def test_ngram_lookup_continues_the_latest_match():
-    drafter = NgramDrafter(max_ngram=2)
-    assert drafter.lookup([1, 2, 3, 9, 1, 2, 3, 7, 1, 2], 3) == [3, 7, 1]
-    assert drafter.lookup([5, 6, 7], 3) == []
-    assert drafter.lookup([4, 4, 4], 2) == [4]
+def test_the_cascades_guesses_continue_the_latest_match():
+    assert latest_match([1, 2, 3, 9, 1, 2, 3, 7, 1, 2], 3, max_ngram=2) == [3, 7, 1]
+    assert latest_match([5, 6, 7], 3) == []
+    assert latest_match([4, 4, 4], 2) == [4]
 
 
 def load_training_script():

@@ -117,7 +117,7 @@ def test_speculative_samples_follow_the_target_exactly(models, eagle_head, mode,
         "medusa": lambda: MedusaDrafter(medusa_heads(target)),
         "self-draft": lambda: DraftModelDrafter(self_draft_model(target, [0])),
         "self-draft-int8": lambda: DraftModelDrafter(self_draft_model(target, [0], "int8")),
-        "draft-target-cascade": lambda: CascadeDrafter(draft, NgramDrafter()),
+        "draft-target-cascade": lambda: CascadeDrafter(draft),
     }[mode]()
     samples, acceptance = run(target, drafter, params)
     stat, p = chi_square(samples, exact_joint(target, params))

@@ -302,7 +302,6 @@ def test_ngram_writes_nvidias_documented_config_with_every_field_out():
     [
         ({"draft": {"checkpoint": "meta-llama/Llama-3.2-1B-Instruct"}}, "draft", "not used with speculation.mode"),
         ({"mtp": {"num_nextn_predict_layers": 1}}, "mtp", "only used with speculation.mode mtp"),
-        ({"ngram": {"is_public_pool": False}}, "ngram", "is_public_pool: TensorRT-LLM's pool options"),
         ({"build": {"backend": "tensorrt"}}, "build.backend", "mode ngram does not exist on backend tensorrt"),
     ],
 )
@@ -318,17 +317,18 @@ def test_ngram_configs_that_cannot_mean_anything_are_refused(change, field, mess
     assert f"{field}: " in str(err.value) and message in str(err.value)
 
 
-def test_the_served_torch_runner_reads_the_ngram_size_nvidias_yaml_carries(tmp_path):
+def test_the_served_torch_runner_reads_the_ngram_settings_nvidias_yaml_carries(tmp_path):
     from trtspec.repository.serving import runner_from_model_yaml
     from trtspec.speculative.drafters import NgramDrafter
 
     cfg = load_config(REPO / "configs" / "tiny-ngram.yaml")
     data = cfg.model_dump(mode="json")
-    data["ngram"]["max_matching_ngram_size"] = 5
+    data["ngram"].update(max_matching_ngram_size=5, is_use_oldest=False, is_public_pool=False)
     options = recipes.llm_api_options(validate_config(data, REPO / "configs" / "x.yaml"), 2, None)
     options["model"] = str(cfg.checkpoint_path(cfg.target))
     runner, _ = runner_from_model_yaml(options)
     assert isinstance(runner.drafter, NgramDrafter) and runner.drafter.max_ngram == 5
+    assert runner.drafter.flags == {"keep_all": True, "use_oldest": False, "public": False}
     assert runner.num_draft_tokens == 2
 
 

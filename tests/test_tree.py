@@ -14,6 +14,7 @@ from trtspec.speculative.batch import Sequence
 from trtspec.speculative.drafters import DraftModelDrafter, MedusaDrafter, MTPDrafter, NgramDrafter
 from trtspec.speculative.heads import WEIGHTS, MedusaHeads, load_heads
 from trtspec.speculative.model import load_transformer
+from trtspec.speculative.ngram_pool import NgramPool
 from trtspec.speculative.requests import SamplingParams
 from trtspec.speculative.runner import GenerationParams, SpeculativeRunner
 from trtspec.speculative.tree import TokenTree, TreeShape, ancestors, verification_attention
@@ -107,9 +108,11 @@ def test_wider_trees_accept_more_than_chains(pair):
 
 
 def test_ngram_tree_merges_several_matches():
-    drafter = NgramDrafter(max_ngram=2)
+    """The pool's matches of the longest suffix in its order (oldest first by default), then shorter suffixes'."""
     seq = [1, 2, 7, 8, 1, 2, 9, 4, 1, 2, 7, 5, 1, 2]
-    assert drafter.continuations(seq, 2, 3, 2) == [[7, 5], [9, 4], [7, 8]]
+    assert NgramPool().candidates(seq, 0, 2, 3, 2) == [[7, 8], [9, 4], [7, 5]]
+    assert NgramPool(use_oldest=False).candidates(seq, 0, 2, 3, 2) == [[7, 5], [9, 4], [7, 8]]
+    assert NgramPool().candidates(seq, 0, 2, 2, 2) == [[7, 8], [9, 4]]  # up to the tree's width
 
 
 def test_sampled_tree_decoding_is_reproducible_and_counts_positions(pair):

@@ -46,7 +46,9 @@ SPECULATIVE = {
         "draft": {"checkpoint": "embedded:tiny-eagle3", "dtype": "float32"},
         "speculation": {"mode": "eagle3", "num_draft_tokens": 2},
     },
-    "ngram": {"speculation": {"mode": "ngram", "num_draft_tokens": 2}},
+    # a private pool: the demo sends its 12 prompts over and over, and TensorRT-LLM's default public pool would
+    # draft each repeat from its earlier output, a replay no real traffic gets
+    "ngram": {"ngram": {"is_public_pool": False}, "speculation": {"mode": "ngram", "num_draft_tokens": 2}},
     # the trained heads verifying the static tree of medusa.choices, served as TensorRT-LLM serves Medusa
     "medusa": {
         "draft": {"checkpoint": "embedded:tiny-medusa", "dtype": "float32"},

@@ -184,8 +184,9 @@ class PromptsRun:
 def run_prompts(
     runner: SpeculativeRunner, prompts: list[list[int]], params: GenerationParams, warm_up: int = 4
 ) -> PromptsRun:
-    """Each prompt alone (batch 1), after one short warm-up generation."""
+    """Each prompt alone (batch 1), after one short warm-up generation, as a freshly started server sees them."""
     runner.generate([prompts[0]], GenerationParams(max_tokens=warm_up, sampling=params.sampling))
+    runner.forget_history()
     run = PromptsRun()
     for ids in prompts:
         t0 = time.perf_counter()

@@ -61,7 +61,9 @@ def measure_acceptance(
     sampling: SamplingParams,
     max_prompt_tokens: int,
 ) -> Acceptance:
-    """Run every prompt at batch 1 with K = PROBE_K and aggregate the runner's per-position counts."""
+    """Run every prompt at batch 1 with K = PROBE_K, as a freshly started server, and aggregate the runner's
+    per-position counts."""
+    runner.forget_history()
     k = runner.num_draft_tokens
     totals = {"drafted": [0] * k, "accepted": [0] * k, "steps": 0, "draft_s": 0.0, "verify_s": 0.0, "drafts": 0}
     per_cat: dict[str, dict[str, Any]] = {}
@@ -130,6 +132,7 @@ def step_seconds(runner: SpeculativeRunner, prompts: list[list[int]], k: int, ma
     """
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, seed=0, num_draft_tokens=k)
     runner.generate([prompts[0]], GenerationParams(max_tokens=4, sampling=sampling, num_draft_tokens=k))
+    runner.forget_history()
     loop_s, steps = 0.0, 0
     for ids in prompts:
         t0 = time.perf_counter()

@@ -118,7 +118,7 @@ class DraftTarget(SpecMode):
                 f"{target.dims.vocab_size}; run `trtspec check` on the pair"
             )
         if (settings.get("cascade") or "none") == "ngram":
-            from trtspec.speculative.drafters import CascadeDrafter, NgramDrafter
+            from trtspec.speculative.drafters import CascadeDrafter
 
-            return CascadeDrafter(draft, NgramDrafter())
+            return CascadeDrafter(draft)
         return DraftModelDrafter(draft)

@@ -55,25 +55,17 @@ class NGram(SpecMode):
             None,
             None,
             TORCH_RUNNER_FAMILIES,
-            note="trtspec runner: lookup in each request's own tokens (no shared pool)",
+            note="trtspec runner: TensorRT-LLM's NGram pool and its flags (a pool per engine)",
         ),
     )
     refuses_draft: ClassVar[bool] = True
     section: ClassVar[str | None] = "ngram"
     settings_model: ClassVar[type[Section] | None] = NGramSection
     decoding_types: ClassVar[tuple[str, ...]] = ("NGram",)
-    served_settings: ClassVar[tuple[str, ...]] = ("max_matching_ngram_size",)
+    served_settings: ClassVar[tuple[str, ...]] = tuple(NGramSection.model_fields)
     llm_api_extra: ClassVar[dict[str, Any]] = {"disable_overlap_scheduler": True}  # as NVIDIA's example sets
     runner_trees: ClassVar[bool] = True
     default_k: ClassVar[int | None] = 3
-
-    def validate(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
-        pool = {f: getattr(self.settings(cfg), f) for f in ("is_keep_all", "is_use_oldest", "is_public_pool")}
-        defaults = {f: getattr(NGramSection(), f) for f in pool}
-        if cfg.build.backend == "torch" and pool != defaults:
-            changed = ", ".join(f for f in pool if pool[f] != defaults[f])
-            return [("ngram", f"{changed}: TensorRT-LLM's pool options; the torch runner has no shared pool")]
-        return []
 
     def speculative_config(self, cfg: DeploymentConfig, k: int, draft_dir: str | None) -> dict[str, Any] | None:
         # every field written out: 1.0/1.1-era code defaults max_matching_ngram_size to 0, 1.2 to 2
@@ -90,5 +82,6 @@ class NGram(SpecMode):
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         from trtspec.speculative.drafters import NgramDrafter
 
-        size = settings.get("max_matching_ngram_size") or NGramSection().max_matching_ngram_size
-        return NgramDrafter(max_ngram=int(size))
+        s = NGramSection(**{f: v for f, v in settings.items() if f in NGramSection.model_fields})
+        pool = {"keep_all": s.is_keep_all, "use_oldest": s.is_use_oldest, "public": s.is_public_pool}
+        return NgramDrafter(max_ngram=s.max_matching_ngram_size, **pool)

@@ -450,6 +450,7 @@ class BatchEngine:
         k = int(k_rows.max())
         plain = k_rows == 0  # rows decoding plainly this step (keep_logits, or K = 0)
         k_rows = torch.minimum(k_rows, remaining - 1).clamp_min(0)
+        self.state.room = k_rows
         n = len(seqs)
         t0 = time.perf_counter()
         drafting = self.drafter is not None and any(s.drafts is None for s in seqs)
@@ -492,7 +493,7 @@ class BatchEngine:
         slots = Slots.of([s.slot for s in seqs], self.device)
         idx = slots.index
         sampling = RowSampling([(s.params.sampling, s.generator) for s in seqs], self.device)
-        self.state.sampling = sampling
+        self.state.sampling, self.state.room = sampling, None
         old = self.state.lengths[idx].clone()
         t0 = time.perf_counter()
         tree = self.drafter.propose_tree(self.state, self.tree, slots)

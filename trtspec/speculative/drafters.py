@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trtspec.speculative.model import ForwardOut, KVCache, Slots, Transformer
+from trtspec.speculative.ngram_pool import NgramPool
 
 if TYPE_CHECKING:
     from trtspec.speculative.batch import RowSampling
@@ -31,6 +32,7 @@ class BatchState:
     lengths: torch.Tensor  # [S] committed length n; the target has cached positions < n - 1
     sampling: RowSampling | None = None  # how this step's rows draw tokens
     target_hidden: torch.Tensor | None = None  # [S, capacity, d] per position (MTP, Medusa), C*d for EAGLE-3
+    room: torch.Tensor | None = None  # [B] drafts each of this step's rows may use (0: its last token, or K = 0)
 
     @property
     def batch(self) -> int:
@@ -116,6 +118,9 @@ class Drafter:
     def commit_tree(self, state: BatchState, old_lengths: torch.Tensor, slots: Slots, logits: torch.Tensor) -> None:
         """Called after a verified tree's tokens were appended; `logits` [B, 1+T, V] are the target's at the
         root and every node (lookahead's next guesses)."""
+
+    def forget_history(self) -> None:
+        """Drop what earlier requests left behind (TensorRT-LLM's n-gram pool), as a freshly started server has."""
 
     def batch_scale(self, batch: int, k: int, width: int, seconds: Timer, target: Transformer) -> float:
         """How this drafter's part of a step grows from batch 1 to `batch` at K (a tree `width` wide), with
@@ -215,9 +220,9 @@ class CascadeDrafter(DraftModelDrafter):
     pass, equal up to floating-point rounding). Trees are drafted as the draft model's.
     """
 
-    def __init__(self, model: Transformer, lookup: NgramDrafter) -> None:
+    def __init__(self, model: Transformer, max_ngram: int = 3) -> None:
         super().__init__(model)
-        self.lookup = lookup
+        self.max_ngram = max_ngram
         self.passes = [0, 0]  # draft passes and steps, for the cost model
         self.rows = [0, 0]  # rows drafted, and of those the ones with guesses
         self.usable: list[int] = []  # [j]: rows whose draft j came from the pass over guesses
@@ -234,7 +239,7 @@ class CascadeDrafter(DraftModelDrafter):
         counts = []
         for b, slot in enumerate(rows):
             seq = [*state.tokens[slot, : int(state.lengths[slot])].tolist(), int(first[b])]
-            found = self.lookup.lookup(seq, k - 2, self.lookup.ngram_size(len(rows))) if k > 2 else []
+            found = latest_match(seq, k - 2, self.max_ngram) if k > 2 else []
             guesses[b, : len(found)] = torch.tensor(found, dtype=torch.long)
             counts.append(len(found))
         return guesses.to(first.device), counts
@@ -499,17 +504,47 @@ def _tree(tokens: list[torch.Tensor], parents: list[torch.Tensor], shape: TreeSh
     return TokenTree(*parts)
 
 
-class NgramDrafter(Drafter):
-    """Prompt lookup: continue the latest earlier occurrence of the sequence's last n-gram.
+def latest_match(seq: list[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Up to k tokens after the latest earlier occurrence of the sequence's longest suffix (up to max_ngram):
+    the cascade's guesses, which read drafts not yet committed and so stay out of a request's n-gram pool."""
+    for size in range(min(max_ngram, len(seq) - 1), 0, -1):
+        tail = seq[-size:]
+        for start in range(len(seq) - size - 1, -1, -1):
+            if seq[start : start + size] == tail:
+                return seq[start + size : start + size + k]
+    return []
 
-    Model-free and deterministic, so q is one-hot (None); rows without a match draft nothing.
+
+class NgramDrafter(Drafter):
+    """TensorRT-LLM's NGram drafter: drafts from its pool of earlier patterns and what followed them
+    (trtspec.speculative.ngram_pool, with NGramDecodingConfig's pool flags).
+
+    The pool lives as long as the drafter, as TensorRT-LLM's lives as long as its executor: a public one
+    keeps every request's tokens, across engines and `generate` calls, until `forget_history` (which
+    measurements call so that a repeated prompt does not replay its earlier output). Model-free and
+    deterministic, so q is one-hot (None); rows without a match draft nothing.
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+    def __init__(self, max_ngram: int = 3, keep_all: bool = True, use_oldest: bool = True, public: bool = True) -> None:
+        self.max_ngram = max_ngram
+        self.flags = {"keep_all": keep_all, "use_oldest": use_oldest, "public": public}
+        self.pool = NgramPool(**self.flags)
+        self.requests: list[int] = []  # the request each slot holds, as the pool knows it
+        self.issued = 0
 
     def start(self, state: BatchState, capacity: int) -> None:
-        pass
+        for request in self.requests:  # the previous engine's requests ended with it
+            self.pool.forget(request)
+        self.requests = list(range(self.issued, self.issued + state.batch))
+        self.issued += state.batch
+
+    def admit(self, slots: torch.Tensor, reused: torch.Tensor) -> None:
+        for slot in slots.tolist():  # the slot's previous request has finished
+            self.pool.forget(self.requests[slot])
+            self.requests[slot], self.issued = self.issued, self.issued + 1
+
+    def forget_history(self) -> None:
+        self.pool = NgramPool(**self.flags)
 
     def batch_scale(self, batch: int, k: int, width: int, seconds: Timer, target: Transformer) -> float:
         return float(batch)  # a lookup per row on the host
@@ -518,32 +553,13 @@ class NgramDrafter(Drafter):
         """The longest suffix looked up when `batch` rows draft together."""
         return self.max_ngram
 
-    def lookup(self, seq: list[int], k: int, max_ngram: int | None = None) -> list[int]:
-        for size in range(min(max_ngram or self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            tail = seq[-size:]
-            for start in range(len(seq) - size - 1, -1, -1):
-                if seq[start : start + size] == tail:
-                    return seq[start + size : start + size + k]
-        return []
+    def _prefix(self, state: BatchState, slot: int) -> list[int]:
+        return state.tokens[slot, : int(state.lengths[slot])].tolist()
 
     proposes_trees = True
 
-    def continuations(self, seq: list[int], depth: int, width: int, max_ngram: int) -> list[list[int]]:
-        """Up to `width` distinct continuations of the latest matches, longest n-gram first."""
-        found: list[list[int]] = []
-        for size in range(min(max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            tail = seq[-size:]
-            for start in range(len(seq) - size - 1, -1, -1):
-                if seq[start : start + size] == tail:
-                    follow = seq[start + size : start + size + depth]
-                    if follow and not any(f[: len(follow)] == follow for f in found):  # adds a node
-                        found.append(follow)
-                        if len(found) == width:
-                            return found
-        return found
-
     def propose_tree(self, state: BatchState, shape: TreeShape, slots: Slots) -> TokenTree:
-        """The continuations of several earlier matches merged into a trie (parents before children)."""
+        """The pool's matches for the sequence's suffixes merged into a trie (parents before children)."""
         from trtspec.speculative.tree import TokenTree
 
         rows = slots.index.tolist()
@@ -554,9 +570,8 @@ class NgramDrafter(Drafter):
         valid = torch.zeros(len(rows), t, dtype=torch.bool)
         size = self.ngram_size(len(rows))
         for b, slot in enumerate(rows):
-            seq = state.tokens[slot, : int(state.lengths[slot])].tolist()
             index: dict[tuple[int, ...], int] = {}
-            found = self.continuations(seq, shape.depth, shape.width, size)
+            found = self.pool.candidates(self._prefix(state, slot), self.requests[slot], shape.depth, shape.width, size)
             for level in range(1, shape.depth + 1):
                 for follow in found:
                     prefix = tuple(follow[:level])
@@ -573,8 +588,11 @@ class NgramDrafter(Drafter):
         tokens = torch.zeros(len(rows), k, dtype=torch.long)
         counts = torch.zeros(len(rows), dtype=torch.long)
         size = self.ngram_size(len(rows))
+        room = state.room.tolist() if state.room is not None else [k] * len(rows)
         for b, slot in enumerate(rows):
-            found = self.lookup(state.tokens[slot, : int(state.lengths[slot])].tolist(), k, size)
+            if room[b] <= 0:  # as NVIDIA's pool, which a request with no room left does not touch
+                continue
+            found = self.pool.drafts(self._prefix(state, slot), self.requests[slot], k, size)
             tokens[b, : len(found)] = torch.tensor(found, dtype=torch.long)
             counts[b] = len(found)
         device = state.tokens.device

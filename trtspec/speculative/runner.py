@@ -61,6 +61,12 @@ class SpeculativeRunner:
             tree=self.tree,
         )
 
+    def forget_history(self) -> None:
+        """Start as a freshly started server: measurements call it so that repeated prompts do not find their
+        earlier outputs in a drafter's memory (TensorRT-LLM's public n-gram pool keeps every request's)."""
+        if self.drafter is not None:
+            self.drafter.forget_history()
+
     def verify_width(self, k: int) -> int:
         """Tokens one target pass verifies at K drafts: the last committed token and every draft (or tree node)."""
         return 1 + draft_slots(self.drafter, self.tree, k)
