@@ -26,7 +26,7 @@ from trtspec.config import DeploymentConfig
 from trtspec.deploy import sizing
 from trtspec.errors import UsageError
 from trtspec.families import convert_family
-from trtspec.modes import HEAD_MODES, get_mode, mode_for_draft, wrong_draft
+from trtspec.modes import HEAD_MODE_NAMES, get_mode, mode_for_draft, wrong_draft
 from trtspec.versions import minor
 
 MANY_DRAFT_TOKENS = 8
@@ -78,8 +78,7 @@ def _decoder(role: str, info: CheckpointInfo | None, report: Report) -> Checkpoi
         "error",
         "model-config",
         f"{role} {info.path}: config.json has no {', '.join(missing)}, so it is no decoder trtspec can read",
-        "point it at a Hugging Face decoder checkpoint (heads are the draft of mode "
-        f"{' or '.join(m.name for m in HEAD_MODES)})",
+        f"point it at a Hugging Face decoder checkpoint (heads are the draft of mode {HEAD_MODE_NAMES})",
     )
     return None
 

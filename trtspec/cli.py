@@ -97,7 +97,7 @@ def init(
     from trtspec.config import resolve_checkpoint
     from trtspec.errors import UsageError
     from trtspec.init_config import build_config_dict, draft_mode, write_init_config
-    from trtspec.modes import HEAD_MODES, wrong_draft
+    from trtspec.modes import HEAD_MODE_NAMES, wrong_draft
 
     if mtp and mode not in (None, "mtp"):
         raise UsageError(f"--mtp and --mode {mode} exclude each other")
@@ -127,8 +127,7 @@ def init(
     path = write_init_config(out, data, force)
     click.echo(f"wrote {path} (mode {mode}, backend {backend}); next: trtspec validate {path}")
     if guessed and resolve_checkpoint(draft, base_dir) is None:  # a hub id: nothing here says what it is
-        heads = " or ".join(m.name for m in HEAD_MODES)
-        click.echo(f"--draft {typed} is a hub id, not read here: for heads pass --mode {heads}")
+        click.echo(f"--draft {typed} is a hub id, not read here: for heads pass --mode {HEAD_MODE_NAMES}")
 
 
 def _from_config(ref: str, config_dir: Path) -> str:

@@ -52,8 +52,8 @@ def mode_for_draft(draft_config: dict) -> SpecMode | None:
     return next((mode for mode in REGISTRY.values() if mode.claims_draft(draft_config)), None)
 
 
-# the modes whose draft is a head on the target, known by its config.json (claims_draft)
-HEAD_MODES: tuple[SpecMode, ...] = tuple(m for m in REGISTRY.values() if m.draft_head)
+# the modes whose draft is a head on the target, known by its config.json (claims_draft), as messages name them
+HEAD_MODE_NAMES: str = " or ".join(m.name for m in REGISTRY.values() if m.draft_head)
 
 
 def wrong_draft(draft: str, head: SpecMode, mode: str) -> str:
@@ -63,7 +63,7 @@ def wrong_draft(draft: str, head: SpecMode, mode: str) -> str:
 
 __all__ = [
     "BACKENDS",
-    "HEAD_MODES",
+    "HEAD_MODE_NAMES",
     "MODES",
     "MODE_NAMES",
     "REGISTRY",

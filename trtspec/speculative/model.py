@@ -441,7 +441,7 @@ def _refuse_mismatched_shapes(path: Path, state: dict[str, torch.Tensor], expect
 def refuse_unsupported_architecture(path: Path, hf: dict, draft_for: str | None = None) -> None:
     """One line for a checkpoint the runner cannot load, before anything is written from it; `draft_for` is the
     mode it is loaded as the draft of (None: the target), so a head is named in init's and check's words."""
-    from trtspec.modes import HEAD_MODES, mode_for_draft, wrong_draft
+    from trtspec.modes import HEAD_MODE_NAMES, mode_for_draft, wrong_draft
 
     if head := mode_for_draft(hf):  # EAGLE-3's original releases name LlamaForCausalLM: read before the name
         if draft_for is not None:
@@ -452,7 +452,7 @@ def refuse_unsupported_architecture(path: Path, hf: dict, draft_for: str | None 
         raise UsageError(
             f"{path}: config.json names no architectures, so it is no model the torch runner loads "
             f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))}); heads are the draft of their own mode "
-            f"({', '.join(m.name for m in HEAD_MODES)})"
+            f"({HEAD_MODE_NAMES})"
         )
     if names[0] not in SUPPORTED_ARCHITECTURES:
         raise UsageError(f"{path}: the torch runner supports {sorted(SUPPORTED_ARCHITECTURES)}, not {names[0]}")
