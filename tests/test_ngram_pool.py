@@ -22,6 +22,7 @@ def test_a_hit_drafts_the_oldest_match_or_the_newest():
 def test_the_longest_suffix_found_drafts_and_k_cuts_it():
     pool = NgramPool()
     assert pool.drafts([7, 9, 1, 5, 6, 2, 9, 1], 0, 3, 3) == [5, 6, 2]  # (9, 1) found; (2, 9, 1) is not
+    assert pool.start[0] == 8 - (3 + 3 - 1)  # the next scan starts K + N - 1 tokens before the end
     assert pool.drafts([7, 9, 1, 5, 6, 2, 9, 1, 5], 0, 1, 3) == [6]
 
 
@@ -117,3 +118,48 @@ def test_a_row_with_no_room_left_leaves_the_pool_untouched():
     proposal = drafter.propose(state, 2, Slots.of([0, 1], torch.device("cpu")))
     assert proposal.num_drafts.tolist() == [0, 2] and proposal.tokens[1].tolist() == [9, 5]
     assert (7,) not in drafter.pool.shared  # row 0's tokens never reached the shared pool
+
+
+def test_the_engine_leaves_a_requests_last_token_out_of_the_pool(target, monkeypatch):
+    """The engine tells the drafter which rows have room for drafts: the pool is called for a request until
+    two tokens are left to produce, never for its last, as NVIDIA's is."""
+    runner = SpeculativeRunner(target, NgramDrafter(), num_draft_tokens=3, max_len=96)
+    seen, drafts = [], runner.drafter.pool.drafts
+
+    def logged(prefix, *args):
+        seen.append(len(prefix))
+        return drafts(prefix, *args)
+
+    monkeypatch.setattr(runner.drafter.pool, "drafts", logged)
+    prompt = [3, 5, 7, 2, 9, 4, 6, 1, 8]
+    for max_tokens in (2, 3, 12):  # at 2 the first decoding step already makes the last token
+        seen.clear()
+        out = runner.generate([prompt], GenerationParams(max_tokens=max_tokens))[0]
+        assert len(out.tokens) == max_tokens
+        assert all(n <= len(prompt) + max_tokens - 2 for n in seen)
+        assert bool(seen) == (max_tokens > 2)
+
+
+def test_measurements_and_calibration_start_from_an_empty_pool(target):
+    from trtspec.methods import run_prompts
+    from trtspec.speculative.policy import AdaptiveK, batch_sizes, calibrate
+
+    runner = SpeculativeRunner(target, NgramDrafter(), num_draft_tokens=3, max_len=96)
+    prompts, params = [[3, 5, 7, 2, 9, 4, 6, 1, 8], [4, 4, 6, 2]], GenerationParams(max_tokens=30)
+    first, again = run_prompts(runner, prompts, params), run_prompts(runner, prompts, params)
+    assert first.accepted_tokens == again.accepted_tokens > 0  # the second run replays nothing from the first
+    engine = runner.engine(slots=2, capacity=96)
+    calibrate(engine, AdaptiveK(), batch_sizes(2), reps=1)
+    assert runner.drafter.pool.shared == {}  # its random prompts would stay the oldest match of their patterns
+
+
+def test_the_modes_drafter_takes_nvidias_fields_and_refuses_a_size_of_zero_in_one_line(target):
+    from trtspec.errors import UsageError
+    from trtspec.modes import get_mode
+
+    mode = get_mode("ngram")
+    assert mode.drafter(target, None, {"max_matching_ngram_size": None}).max_ngram == 3  # unset: the default
+    drafter = mode.drafter(target, None, {"max_matching_ngram_size": 4, "is_keep_all": False, "is_use_oldest": False})
+    assert drafter.max_ngram == 4 and drafter.flags == {"keep_all": False, "use_oldest": False, "public": True}
+    with pytest.raises(UsageError, match=r"^ngram.max_matching_ngram_size: .* \(got 0\)$"):
+        mode.drafter(target, None, {"max_matching_ngram_size": 0})

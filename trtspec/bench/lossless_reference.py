@@ -70,6 +70,7 @@ class Reference:
         ids = self.tokenizer(prompt).input_ids
         sampling = replace(self.sampling, temperature=temperature)
         params = GenerationParams(max_tokens=length, sampling=sampling, stop_token_ids=self.stops, seed=seed)
+        runner.forget_history()  # each context from a fresh server's state: no n-gram pool left by the last one
         gens = runner.generate([ids] * n, params)
         texts = [self.tokenizer.decode(g.tokens, skip_special_tokens=True) for g in gens]
         return [first_tokens(self.tokenizer, t, length) for t in texts], gens

@@ -1,6 +1,7 @@
-"""N-gram (prompt lookup): drafts are copied from earlier in the request where its last tokens occurred
-before. No draft model and no training; it pays on input-grounded traffic (summaries, code edits, second
-turns) and costs almost nothing where it finds no match.
+"""N-gram (prompt lookup): drafts are the tokens that followed the request's last tokens where they occurred
+before, in a pool of patterns that TensorRT-LLM shares between requests by default. No draft model and no
+training; it pays on input-grounded traffic (summaries, code edits, second turns) and costs almost nothing
+where it finds no match.
 
 Sources: tensorrt_llm/llmapi/llm_args.py NGramDecodingConfig (`decoding_type: NGram`; fields
 max_matching_ngram_size, is_keep_all, is_use_oldest, is_public_pool, all three pool flags True by default;
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from trtspec.config_types import PositiveInt, Section
+from trtspec.errors import UsageError
 from trtspec.families import TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import supported_minors
@@ -55,7 +57,7 @@ class NGram(SpecMode):
             None,
             None,
             TORCH_RUNNER_FAMILIES,
-            note="trtspec runner: TensorRT-LLM's NGram pool and its flags (a pool per engine)",
+            note="trtspec runner: TensorRT-LLM's NGram pool rules and flags",
         ),
     )
     refuses_draft: ClassVar[bool] = True
@@ -82,6 +84,11 @@ class NGram(SpecMode):
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         from trtspec.speculative.drafters import NgramDrafter
 
-        s = NGramSection(**{f: v for f, v in settings.items() if f in NGramSection.model_fields})
+        given = {f: v for f, v in settings.items() if f in NGramSection.model_fields and v is not None}
+        try:
+            s = NGramSection(**given)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise UsageError(f"ngram.{first['loc'][0]}: {first['msg']} (got {first['input']!r})") from None
         pool = {"keep_all": s.is_keep_all, "use_oldest": s.is_use_oldest, "public": s.is_public_pool}
         return NgramDrafter(max_ngram=s.max_matching_ngram_size, **pool)

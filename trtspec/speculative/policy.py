@@ -305,6 +305,8 @@ def calibrate(engine: BatchEngine, policy: AdaptiveK, batches: list[int], prompt
         policy.forced = None
         engine.policy = previous
         engine.cached.zero_()  # dummy prompts: nothing there to reuse
+        if engine.drafter is not None:  # nor anything to draft from (a public n-gram pool keeps every request's)
+            engine.drafter.forget_history()
 
 
 def batch_sizes(max_batch: int) -> list[int]:
