@@ -329,6 +329,9 @@ def test_the_served_torch_runner_reads_the_ngram_settings_nvidias_yaml_carries(t
     runner, _ = runner_from_model_yaml(options)
     assert isinstance(runner.drafter, NgramDrafter) and runner.drafter.max_ngram == 5
     assert runner.drafter.flags == {"keep_all": True, "use_oldest": False, "public": False}
+    options["speculative_config"]["max_matching_ngram_size"] = 0  # a hand-written yaml: one line, before serving
+    with pytest.raises(UsageError, match=r"^speculative_config.max_matching_ngram_size: .*\(got 0\)$"):
+        runner_from_model_yaml(options)
     assert runner.num_draft_tokens == 2
 
 

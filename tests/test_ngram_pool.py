@@ -153,13 +153,15 @@ def test_measurements_and_calibration_start_from_an_empty_pool(target):
     assert runner.drafter.pool.shared == {}  # its random prompts would stay the oldest match of their patterns
 
 
-def test_the_modes_drafter_takes_nvidias_fields_and_refuses_a_size_of_zero_in_one_line(target):
+def test_a_served_yaml_gives_the_drafter_nvidias_fields_and_a_bad_size_is_one_line(target):
     from trtspec.errors import UsageError
     from trtspec.modes import get_mode
 
     mode = get_mode("ngram")
-    assert mode.drafter(target, None, {"max_matching_ngram_size": None}).max_ngram == 3  # unset: the default
-    drafter = mode.drafter(target, None, {"max_matching_ngram_size": 4, "is_keep_all": False, "is_use_oldest": False})
+    assert mode.drafter(target, None, {}).max_ngram == 3  # the field left out: the section's default
+    fields = mode.runner_settings({"max_matching_ngram_size": 4, "is_keep_all": False, "is_use_oldest": False})
+    drafter = mode.drafter(target, None, fields)
     assert drafter.max_ngram == 4 and drafter.flags == {"keep_all": False, "use_oldest": False, "public": True}
-    with pytest.raises(UsageError, match=r"^ngram.max_matching_ngram_size: .* \(got 0\)$"):
-        mode.drafter(target, None, {"max_matching_ngram_size": 0})
+    for bad in (0, None):  # TensorRT-LLM's int field refuses null too
+        with pytest.raises(UsageError, match=rf"^speculative_config.max_matching_ngram_size: .* \(got {bad}\)$"):
+            mode.runner_settings({"decoding_type": "NGram", "max_matching_ngram_size": bad})

@@ -70,7 +70,9 @@ class Reference:
         ids = self.tokenizer(prompt).input_ids
         sampling = replace(self.sampling, temperature=temperature)
         params = GenerationParams(max_tokens=length, sampling=sampling, stop_token_ids=self.stops, seed=seed)
-        runner.forget_history()  # each context from a fresh server's state: no n-gram pool left by the last one
+        # each context's samples independent of the contexts sampled before it (an n-gram pool would carry them
+        # over); drafts never change the distribution, only how often they are rejected
+        runner.forget_history()
         gens = runner.generate([ids] * n, params)
         texts = [self.tokenizer.decode(g.tokens, skip_special_tokens=True) for g in gens]
         return [first_tokens(self.tokenizer, t, length) for t in texts], gens

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import ValidationError
+
 from trtspec.config_types import Section
+from trtspec.errors import UsageError
 from trtspec.versions import at_least, supported_minors
 
 if TYPE_CHECKING:
@@ -199,8 +202,17 @@ class SpecMode:
         return load_transformer(path, dtype=dtype, device=device, max_len=max_len, draft_for=self.name)
 
     def runner_settings(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """The mode's section fields (as its drafter reads them) from a served model.yaml's speculative_config."""
-        return {f: spec[f] for f in self.served_settings if f in spec}
+        """The mode's section fields (as its drafter reads them) from a served model.yaml's speculative_config,
+        held to the section's rules before any model loads (a hand-written yaml is checked by nothing else)."""
+        values = {f: spec[f] for f in self.served_settings if f in spec}
+        if values and self.settings_model is not None:
+            try:
+                self.settings_model(**values)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = f"speculative_config.{first['loc'][0]}"
+                raise UsageError(f"{where}: {first['msg']} (got {first['input']!r})") from None
+        return values
 
     def served_draft_len(self, spec: dict[str, Any]) -> int:
         """K as a served model.yaml's speculative_config gives it."""

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from trtspec.config_types import PositiveInt, Section
-from trtspec.errors import UsageError
 from trtspec.families import TORCH_RUNNER_FAMILIES
 from trtspec.modes.base import SpecMode, Support
 from trtspec.versions import supported_minors
@@ -84,11 +83,7 @@ class NGram(SpecMode):
     def drafter(self, target: Transformer, draft: Transformer | None, settings: dict[str, Any]) -> Drafter | None:
         from trtspec.speculative.drafters import NgramDrafter
 
-        given = {f: v for f, v in settings.items() if f in NGramSection.model_fields and v is not None}
-        try:
-            s = NGramSection(**given)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise UsageError(f"ngram.{first['loc'][0]}: {first['msg']} (got {first['input']!r})") from None
+        # checked already: by the config's section, or a served yaml's by runner_settings
+        s = NGramSection(**{f: v for f, v in settings.items() if f in NGramSection.model_fields})
         pool = {"keep_all": s.is_keep_all, "use_oldest": s.is_use_oldest, "public": s.is_public_pool}
         return NgramDrafter(max_ngram=s.max_matching_ngram_size, **pool)
