@@ -328,7 +328,8 @@ def test_the_served_torch_runner_reads_the_ngram_settings_nvidias_yaml_carries(t
     options["model"] = str(cfg.checkpoint_path(cfg.target))
     runner, _ = runner_from_model_yaml(options)
     assert isinstance(runner.drafter, NgramDrafter) and runner.drafter.max_ngram == 5
-    assert runner.drafter.flags == {"keep_all": True, "use_oldest": False, "public": False}
+    pool = runner.drafter.pool
+    assert (pool.keep_all, pool.use_oldest, pool.public) == (True, False, False)
     options["speculative_config"]["max_matching_ngram_size"] = 0  # a hand-written yaml: one line, before serving
     with pytest.raises(UsageError, match=r"^speculative_config.max_matching_ngram_size: .*\(got 0\)$"):
         runner_from_model_yaml(options)

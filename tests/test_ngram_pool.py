@@ -100,6 +100,8 @@ def test_a_public_pool_outlives_its_requests_until_the_runner_forgets_them(targe
     private = SpeculativeRunner(target, NgramDrafter(public=False), num_draft_tokens=3, max_len=96)
     assert accepted_in_one_engine(private, prompt, 2) == [first, first]
     assert list(private.drafter.pool.private) == private.drafter.requests  # only the slot's last request's is kept
+    private.forget_history()  # empties the pool and keeps its flags
+    assert private.drafter.pool.private == {} and not private.drafter.pool.public
     # generate calls share the pool (TensorRT-LLM's lives with its executor) until a measurement forgets it
     public.forget_history()
     runs = [public.generate([prompt], GenerationParams(max_tokens=40))[0] for _ in range(2)]
@@ -161,7 +163,8 @@ def test_a_served_yaml_gives_the_drafter_nvidias_fields_and_a_bad_size_is_one_li
     assert mode.drafter(target, None, {}).max_ngram == 3  # the field left out: the section's default
     fields = mode.runner_settings({"max_matching_ngram_size": 4, "is_keep_all": False, "is_use_oldest": False})
     drafter = mode.drafter(target, None, fields)
-    assert drafter.max_ngram == 4 and drafter.flags == {"keep_all": False, "use_oldest": False, "public": True}
+    pool = drafter.pool
+    assert drafter.max_ngram == 4 and (pool.keep_all, pool.use_oldest, pool.public) == (False, False, True)
     for bad in (0, None):  # TensorRT-LLM's int field refuses null too
         with pytest.raises(UsageError, match=rf"^speculative_config.max_matching_ngram_size: .* \(got {bad}\)$"):
             mode.runner_settings({"decoding_type": "NGram", "max_matching_ngram_size": bad})

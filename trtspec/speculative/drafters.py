@@ -527,8 +527,7 @@ class NgramDrafter(Drafter):
 
     def __init__(self, max_ngram: int = 3, keep_all: bool = True, use_oldest: bool = True, public: bool = True) -> None:
         self.max_ngram = max_ngram
-        self.flags = {"keep_all": keep_all, "use_oldest": use_oldest, "public": public}
-        self.pool = NgramPool(**self.flags)
+        self.pool = NgramPool(keep_all, use_oldest, public)
         self.requests: list[int] = []  # the request each slot holds, as the pool knows it
         self.issued = 0
 
@@ -544,7 +543,7 @@ class NgramDrafter(Drafter):
             self.requests[slot], self.issued = self.issued, self.issued + 1
 
     def forget_history(self) -> None:
-        self.pool = NgramPool(**self.flags)
+        self.pool.clear()
 
     def batch_scale(self, batch: int, k: int, width: int, seconds: Timer, target: Transformer) -> float:
         return float(batch)  # a lookup per row on the host

@@ -26,6 +26,10 @@ Pool = dict[Pattern, list[Pattern]]
 class NgramPool:
     def __init__(self, keep_all: bool = True, use_oldest: bool = True, public: bool = True) -> None:
         self.keep_all, self.use_oldest, self.public = keep_all, use_oldest, public
+        self.clear()
+
+    def clear(self) -> None:
+        """Every request's patterns and scan positions gone, the flags kept."""
         self.shared: Pool = {}
         self.private: dict[int, Pool] = {}
         self.start: dict[int, int] = {}  # request -> where its next scan begins
