@@ -14,9 +14,12 @@ efficiency = measured speedup / bound.
 
 d and v are counted two ways. As the run paid them (`bound`, `efficiency`): the runner times every step's
 drafting (the drafter's bookkeeping after the pass included) and verification, in units of plain
-decoding's whole step in its own run; the bound leaves out the method's other work per step (appending
-tokens, counters) and its prefill, so it is an upper bound and efficiency says how much of its model calls'
-promise the loop keeps. In isolation
+decoding's whole step in its own run; v adds to the verify pass the work plain decoding's step does besides
+its forward (appending the token, counters: its step less its model calls), so plain decoding's own v is 1
+and the bound is the speedup the method would have if its loop added nothing of its own to its model calls
+(before 2026-11-28's tenth run v left that work out of the method's step but kept it in plain decoding's,
+which charged methods with short steps, n-gram's, ~10% for work plain decoding does too); efficiency says
+how much of that promise the loop keeps. In isolation
 (`bound_isolated`, `efficiency_isolated`): each call timed alone at the start of every round, the faster
 kept, and d counts the calls the drafter makes at their widths (`drafting_cost`): a draft model's first
 pass over what it has not seen and then one pass per draft (per tree level, W tokens wide), MTP layer l
@@ -25,7 +28,9 @@ model's), one heads call for Medusa, 0 for n-gram and lookahead. On this
 CPU a call alone is cheaper than in the loop (a small draft's weights sit in cache when it runs alone and
 are evicted by every target pass beside it), so the isolated bound overstates what any loop can reach.
 Both use the same E[tokens/pass] (the isolated one took conditional rates before 2026-11-26's fourth run).
-Every ratio compares runs made in this one process.
+Every ratio compares runs made in this one process. The fastest row is then confirmed: it and plain
+decoding run back to back in `--confirm-pairs` pairs, and the median of the pairs' ratios
+(`best_confirmed`) is what the 1.5x target is judged on, since the fastest of ~47 noisy rows overstates it.
 
     python benchmarks/speculative.py [--prompts 8] [--max-tokens 128] [--out results/speculative.json]
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -215,6 +221,20 @@ def run_trtspec(runner, prompts, max_tokens: int) -> dict:
     }
 
 
+def confirm(best, plain, prompts, args) -> dict:
+    """The best row's speedup again, as the median of plain/best pairs run back to back.
+
+    The best of some 47 rows, each a fastest-of-rounds figure on a VM whose speed drifts by 10-30% over
+    minutes, is the row whose noise ran highest as much as the fastest method: a ratio taken within each
+    pair, seconds apart, is what the 1.5x target is judged on."""
+    ratios = []
+    for i in range(args.confirm_pairs):
+        order = (plain, best) if i % 2 == 0 else (best, plain)  # alternated, so a steady drift cancels
+        speed = {id(r): run_trtspec(r, prompts, args.max_tokens)["tokens_per_s"] for r in order}
+        ratios.append(speed[id(best)] / speed[id(plain)])
+    return {"speedup": statistics.median(ratios), "ratios": ratios}
+
+
 @torch.inference_mode()
 def run_hf(target, prompts, max_tokens: int, **kwargs) -> dict:
     tokens, seconds, outputs = 0, 0.0, []
@@ -246,6 +266,7 @@ def main() -> int:
     ap.add_argument("--cascade-k", default="3,4,6", help="chains of the draft model sped up by n-gram guesses")
     ap.add_argument("--lookahead", default=";".join(",".join(map(str, s)) for s in LOOKAHEADS), help="W,N,G;...")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--confirm-pairs", type=int, default=5, help="plain/best pairs rerun to confirm the best")
     ap.add_argument("--trees", default="2x2,3x2,3x3,4x2,4x3,4x4", help="tree shapes for the drafters that make trees")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/speculative.json"))
@@ -286,8 +307,9 @@ def main() -> int:
             # and cascade guesses propose nothing on some steps, which rates over drafted positions do not see
             tokens = 1 + res["accepted"] / res["steps"]
             # as the run paid them, per step, in plain decoding's whole steps: the bound is the speedup the
-            # method would have if its step were its model calls alone
-            d, v = res["draft_ms"] / plain["step_ms"], res["verify_ms"] / plain["step_ms"]
+            # method would have if its step were its model calls plus the bookkeeping plain decoding's step
+            # has (appending its token, counters), so plain decoding's own v is 1
+            d, v = res["draft_ms"] / plain["step_ms"], (res["verify_ms"] + plain_other_ms) / plain["step_ms"]
             row.update(draft_cost=d, v=v, bound=tokens / (d + v))
             d = drafting_cost(mode, k, tree, settings, costs, acc, runner.drafter)
             v = costs["v"][runner.verify_width(k)]
@@ -308,6 +330,7 @@ def main() -> int:
                 best[i] = res
     costs = {"target_ms": 1000 * timed["v"][1], **relative(timed, timed["v"][1]), "self_draft_choice": choice}
     plain = best[0]
+    plain_other_ms = plain["step_ms"] - plain["verify_ms"] - plain["draft_ms"]
     exact = {}
     for (mode, k, tree, settings), res, runner in zip(runs, best, runners, strict=True):
         if k:
@@ -350,6 +373,7 @@ def main() -> int:
         if r["method"] not in best or r["tokens_per_s"] > best[r["method"]]["tokens_per_s"]:
             best[r["method"]] = r
     overall = max(ours, key=lambda r: r["tokens_per_s"])
+    confirmed = confirm(runners[rows.index(overall)], runners[0], prompts, args)  # rows open with the runs, in order
     hf_assisted = max((r for r in rows if r["mode"] == "hf-assisted"), key=lambda r: r["tokens_per_s"])
     dt_best = max((r for r in ours if r["mode"] == "draft-target"), key=lambda r: r["tokens_per_s"])
     summary = {
@@ -359,13 +383,14 @@ def main() -> int:
             for m, r in best.items()
         },
         "best_overall": {"method": overall["method"], "k": overall["k"], "speedup": overall["speedup"]},
+        "best_confirmed": confirmed,
         "lowest_efficiency": min(r["efficiency"] for r in ours),
         "lowest_efficiency_isolated": min(r["efficiency_isolated"] for r in ours),
         "vs_hf_assisted": dt_best["tokens_per_s"] / hf_assisted["tokens_per_s"],
         "hf_assisted_best_k": hf_assisted["k"],
         "greedy_outputs_identical_to_plain": exact,
         "targets": {
-            "best_1.5x": overall["speedup"] >= 1.5,
+            "best_1.5x": confirmed["speedup"] >= 1.5,
             "every_method_efficiency_0.9": all(r["efficiency"] >= 0.9 for r in ours),
             "greedy_identical": all(exact.values()),
             "vs_hf_1.3x": dt_best["tokens_per_s"] / hf_assisted["tokens_per_s"] >= 1.3,
@@ -399,7 +424,8 @@ def main() -> int:
         f"c(draft)={costs['c_draft'][1]:.3f} c(mtp)={costs['c_mtp'][1]:.3f} c(eagle3)={costs['c_eagle'][1]:.3f} "
         f"c(heads)={costs['c_heads']:.3f} "
         f"c(self)={', '.join(f'{n} {c[1]:.3f}' for n, c in costs['c_self'].items())} target step "
-        f"{costs['target_ms']:.2f} ms; best {overall['method']} K={overall['k']} {overall['speedup']:.2f}x; "
+        f"{costs['target_ms']:.2f} ms; best {overall['method']} K={overall['k']} {overall['speedup']:.2f}x "
+        f"(confirmed {confirmed['speedup']:.2f}x, paired ratios {', '.join(f'{x:.2f}' for x in confirmed['ratios'])}); "
         f"vs HF assisted: {summary['vs_hf_assisted']:.2f}x; targets: {summary['targets']}"
     )
     print(f"wrote {args.out}")
