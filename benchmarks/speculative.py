@@ -271,6 +271,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/speculative.json"))
     args = ap.parse_args()
+    if args.confirm_pairs < 1:
+        ap.error("--confirm-pairs must be at least 1: the 1.5x target is judged on the confirmed pairs")
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(str(TARGET))
     prompts = load_prompts(tokenizer, args.prompts, args.max_prompt_tokens)
