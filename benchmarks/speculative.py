@@ -15,11 +15,13 @@ efficiency = measured speedup / bound.
 d and v are counted two ways. As the run paid them (`bound`, `efficiency`): the runner times every step's
 drafting (the drafter's bookkeeping after the pass included) and verification, in units of plain
 decoding's whole step in its own run; v adds to the verify pass the work plain decoding's step does besides
-its forward (appending the token, counters: its step less its model calls), so plain decoding's own v is 1
+its forward (appending the token, counters: its step less its model calls), so plain decoding's own d + v is 1
 and the bound is the speedup the method would have if its loop added nothing of its own to its model calls
-(before 2026-11-28's tenth run v left that work out of the method's step but kept it in plain decoding's,
+(up to 2026-11-28's tenth run v left that work out of the method's step but kept it in plain decoding's,
 which charged methods with short steps, n-gram's, ~10% for work plain decoding does too); efficiency says
-how much of that promise the loop keeps. In isolation
+how much of that promise the loop keeps: near 1 unless a method's loop does markedly more a step than plain
+decoding's, and a little above 1 at times, as the speedup is timed end to end (prefill included) and the
+bound per step. In isolation
 (`bound_isolated`, `efficiency_isolated`): each call timed alone at the start of every round, the faster
 kept, and d counts the calls the drafter makes at their widths (`drafting_cost`): a draft model's first
 pass over what it has not seen and then one pass per draft (per tree level, W tokens wide), MTP layer l
@@ -225,11 +227,12 @@ def confirm(best, plain, prompts, args) -> dict:
     """The best row's speedup again, as the median of plain/best pairs run back to back.
 
     The best of some 47 rows, each a fastest-of-rounds figure on a VM whose speed drifts by 10-30% over
-    minutes, is the row whose noise ran highest as much as the fastest method: a ratio taken within each
-    pair, seconds apart, is what the 1.5x target is judged on."""
+    minutes, is as much the row whose noise ran highest as the fastest method: a ratio taken within each
+    pair, seconds apart, is what the 1.5x target is judged on. The order alternates, so a steady drift
+    favours neither side in most pairs."""
     ratios = []
     for i in range(args.confirm_pairs):
-        order = (plain, best) if i % 2 == 0 else (best, plain)  # alternated, so a steady drift cancels
+        order = (plain, best) if i % 2 == 0 else (best, plain)
         speed = {id(r): run_trtspec(r, prompts, args.max_tokens)["tokens_per_s"] for r in order}
         ratios.append(speed[id(best)] / speed[id(plain)])
     return {"speedup": statistics.median(ratios), "ratios": ratios}
@@ -310,7 +313,7 @@ def main() -> int:
             tokens = 1 + res["accepted"] / res["steps"]
             # as the run paid them, per step, in plain decoding's whole steps: the bound is the speedup the
             # method would have if its step were its model calls plus the bookkeeping plain decoding's step
-            # has (appending its token, counters), so plain decoding's own v is 1
+            # has (appending its token, counters), so plain decoding's own d + v is 1
             d, v = res["draft_ms"] / plain["step_ms"], (res["verify_ms"] + plain_other_ms) / plain["step_ms"]
             row.update(draft_cost=d, v=v, bound=tokens / (d + v))
             d = drafting_cost(mode, k, tree, settings, costs, acc, runner.drafter)
@@ -332,7 +335,7 @@ def main() -> int:
                 best[i] = res
     costs = {"target_ms": 1000 * timed["v"][1], **relative(timed, timed["v"][1]), "self_draft_choice": choice}
     plain = best[0]
-    plain_other_ms = plain["step_ms"] - plain["verify_ms"] - plain["draft_ms"]
+    plain_other_ms = plain["step_ms"] - plain["verify_ms"] - plain["draft_ms"] if plain["steps"] else 0.0
     exact = {}
     for (mode, k, tree, settings), res, runner in zip(runs, best, runners, strict=True):
         if k:
@@ -375,7 +378,9 @@ def main() -> int:
         if r["method"] not in best or r["tokens_per_s"] > best[r["method"]]["tokens_per_s"]:
             best[r["method"]] = r
     overall = max(ours, key=lambda r: r["tokens_per_s"])
-    confirmed = confirm(runners[rows.index(overall)], runners[0], prompts, args)  # rows open with the runs, in order
+    # rows open with the runs, in order
+    confirmed = confirm(runners[next(i for i, r in enumerate(rows) if r is overall)], runners[0], prompts, args)
+    confirmed.update(method=overall["method"], k=overall["k"])
     hf_assisted = max((r for r in rows if r["mode"] == "hf-assisted"), key=lambda r: r["tokens_per_s"])
     dt_best = max((r for r in ours if r["mode"] == "draft-target"), key=lambda r: r["tokens_per_s"])
     summary = {

@@ -101,7 +101,9 @@ def test_a_public_pool_outlives_its_requests_until_the_runner_forgets_them(targe
     assert accepted_in_one_engine(private, prompt, 2) == [first, first]
     assert list(private.drafter.pool.private) == private.drafter.requests  # only the slot's last request's is kept
     private.forget_history()  # empties the pool and keeps its flags
-    assert private.drafter.pool.private == {} and not private.drafter.pool.public
+    pool = private.drafter.pool
+    assert pool.private == {} and pool.start == {}
+    assert (pool.keep_all, pool.use_oldest, pool.public) == (True, True, False)
     # generate calls share the pool (TensorRT-LLM's lives with its executor) until a measurement forgets it
     public.forget_history()
     runs = [public.generate([prompt], GenerationParams(max_tokens=40))[0] for _ in range(2)]
