@@ -53,7 +53,7 @@ from trtspec.assets import EMBEDDED_CHECKPOINTS
 from trtspec.data import data_file
 from trtspec.errors import run_script
 from trtspec.fsutil import atomic_write_text
-from trtspec.methods import LOOKAHEAD_KEYS, LOOKAHEADS, run_prompts, self_draft_settings
+from trtspec.methods import LOOKAHEAD_KEYS, LOOKAHEADS, paired_speedups, run_prompts, self_draft_settings
 from trtspec.modes import get_mode
 from trtspec.plan import forward_seconds, median_seconds
 from trtspec.speculative.cost_model import (
@@ -223,18 +223,15 @@ def run_trtspec(runner, prompts, max_tokens: int) -> dict:
     }
 
 
-def confirm(best, plain, prompts, args) -> dict:
-    """The best row's speedup again, as the median of plain/best pairs run back to back.
-
-    The best of some 47 rows, each a fastest-of-rounds figure on a VM whose speed drifts by 10-30% over
-    minutes, is as much the row whose noise ran highest as the fastest method: a ratio taken within each
-    pair, seconds apart, is what the 1.5x target is judged on. The order alternates, so a steady drift
-    favours neither side in most pairs."""
-    ratios = []
-    for i in range(args.confirm_pairs):
-        order = (plain, best) if i % 2 == 0 else (best, plain)
-        speed = {id(r): run_trtspec(r, prompts, args.max_tokens)["tokens_per_s"] for r in order}
-        ratios.append(speed[id(best)] / speed[id(plain)])
+def confirm(best, plain, prompts, max_tokens: int, pairs: int) -> dict:
+    """The best row's speedup again, as the median of plain/best pairs (trtspec.methods.paired_speedups): the
+    best of some 47 rows, each a fastest-of-rounds figure on a VM whose speed drifts, is as much the row whose
+    noise ran highest as the fastest method, so the 1.5x target is judged on the pairs."""
+    ratios = paired_speedups(
+        lambda: run_trtspec(plain, prompts, max_tokens)["tokens_per_s"],
+        lambda: run_trtspec(best, prompts, max_tokens)["tokens_per_s"],
+        pairs,
+    )
     return {"speedup": statistics.median(ratios), "ratios": ratios}
 
 
@@ -379,7 +376,13 @@ def main() -> int:
             best[r["method"]] = r
     overall = max(ours, key=lambda r: r["tokens_per_s"])
     # rows open with the runs, in order
-    confirmed = confirm(runners[next(i for i, r in enumerate(rows) if r is overall)], runners[0], prompts, args)
+    confirmed = confirm(
+        runners[next(i for i, r in enumerate(rows) if r is overall)],
+        runners[0],
+        prompts,
+        args.max_tokens,
+        args.confirm_pairs,
+    )
     confirmed.update(method=overall["method"], k=overall["k"])
     hf_assisted = max((r for r in rows if r["mode"] == "hf-assisted"), key=lambda r: r["tokens_per_s"])
     dt_best = max((r for r in ours if r["mode"] == "draft-target"), key=lambda r: r["tokens_per_s"])

@@ -13,7 +13,7 @@ from test_check import DEEPSEEK_R1, LLAMA_1B, LLAMA_70B, _published, config
 from trtspec.cli import cli
 from trtspec.config import validate_config
 from trtspec.errors import UsageError
-from trtspec.methods import CHAIN_KS, TREES, PromptsRun
+from trtspec.methods import CHAIN_KS, TREES, PromptsRun, paired_speedups
 from trtspec.plan import batch_sizes, gpu_costs, predict
 from trtspec.prompts import BUILTIN_PROMPTS, load_prompts
 from trtspec.speculative.requests import RequestStats
@@ -90,6 +90,26 @@ def test_a_prompt_run_sums_requests_and_keeps_the_prefill_apart():
     assert one.tokens_per_step_se is None  # no spread from one prompt
     one.add([4, 5, 6, 7, 8], 1.0, RequestStats(steps=4))
     assert one.tokens_per_step_se == 0.0  # both at one token a step
+
+
+def test_paired_speedups_alternate_the_order_and_take_each_pair_alone():
+    """A drift that slows the host with every run costs whichever side runs second: alternating the order keeps
+    the pairs' median on the true ratio (2x here), where running plain first every time would read it low."""
+    calls: list[str] = []
+
+    def rate(name: str, speed: float):
+        def run() -> float:
+            calls.append(name)
+            return speed / (1 + 0.1 * len(calls))  # each run 10% slower than the one before
+
+        return run
+
+    ratios = paired_speedups(rate("plain", 100.0), rate("spec", 200.0), 4)
+    assert calls == ["plain", "spec", "spec", "plain"] * 2
+    assert ratios == pytest.approx([2 * 1.1 / 1.2, 2 * 1.4 / 1.3, 2 * 1.5 / 1.6, 2 * 1.8 / 1.7])
+    assert ratios[0] < 2 < ratios[1] and ratios[2] < 2 < ratios[3]  # the drift cuts both ways in turn
+    with pytest.raises(ValueError, match="at least 1"):
+        paired_speedups(rate("plain", 1.0), rate("spec", 1.0), 0)
 
 
 def test_batch_sizes():

@@ -15,6 +15,7 @@ target's single-token pass).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,26 @@ def run_prompts(
         g = runner.generate([ids], params)[0]
         run.add(g.tokens, time.perf_counter() - t0, g.stats)
     return run
+
+
+def paired_speedups(plain_rate: Callable[[], float], spec_rate: Callable[[], float], pairs: int) -> list[float]:
+    """The speedup of `pairs` plain/speculative pairs run back to back, one ratio per pair (its median is the figure).
+
+    On a host whose speed drifts 10-30% over minutes, a ratio taken within a pair, seconds apart, holds where one
+    of separate best-of-rounds figures does not. The order alternates, so a steady drift favours neither side in
+    most pairs."""
+    if pairs < 1:
+        raise ValueError(f"pairs must be at least 1, got {pairs}")
+    ratios = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            plain = plain_rate()
+            spec = spec_rate()
+        else:
+            spec = spec_rate()
+            plain = plain_rate()
+        ratios.append(spec / plain)
+    return ratios
 
 
 def compare_methods(
