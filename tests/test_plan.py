@@ -208,6 +208,10 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
     assert all(r["predicted_speedup"]["1"] <= best for r in confirmed if r not in estimated)
     for before, after in itertools.pairwise(estimated):  # the next ran only after a third run fell short
         assert before["predicted_speedup"]["1"] < after["chosen_at"]
+    # a third run is three plain/method pairs back to back; the median pair predicts, against its own baseline
+    for r in estimated:
+        assert len(r["pairs"]) == 3 and r["predicted_speedup"]["1"] == pytest.approx(sorted(r["pairs"])[1])
+    assert not any("pairs" in r for r in rows.values() if r not in estimated)
 
 
 def test_plan_refuses_baseline_and_hub_ids(runner, tmp_path):

@@ -14,6 +14,7 @@ target's single-token pass).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ CONFIRM = 3  # the best this many are measured again and judged on the second ru
 # so any figure that took part in choosing it overstates it. Where the best third run so far falls below the next
 # leader's second, the next runs a third time too, and the best third run is recommended (a best of two or three
 # third runs flatters the winner again, by less).
+ESTIMATE_PAIRS = 3  # a third run is this many plain/method pairs; the median pair's ratio predicts (odd: one pair's)
 
 
 @dataclass(frozen=True)
@@ -263,18 +265,19 @@ def compare_methods(
             draft_scales[key] = runner.drafter.batch_scale(batch, method.k, width, forward_seconds, runner.target)
         return draft_scales[key]
 
-    def measure(method: Method) -> dict[str, Any]:
-        spec = get_mode(method.mode)
-        runner = load_runner(
+    def load(method: Method) -> SpeculativeRunner:
+        return load_runner(
             target_path,
             method.mode,
-            draft_path if spec.needs_draft else None,
+            draft_path if get_mode(method.mode).needs_draft else None,
             num_draft_tokens=method.k,
             **where,
             settings=runner_settings(cfg, method.mode, dict(method.settings)),
             tree=method.tree,
         )
-        m = run_prompts(runner, prompts, params)
+
+    def as_row(method: Method, runner: SpeculativeRunner, m: PromptsRun, plain_s: float) -> dict[str, Any]:
+        """A method's run against the plain baseline it is compared with, as plan.json holds it."""
         width = runner.verify_width(method.k)
         tokens_per_step = m.tokens / m.steps
         step_s, draft_s = m.loop_s / m.steps, m.draft_s / m.steps
@@ -294,6 +297,34 @@ def compare_methods(
             "plain_ms": 1000 * plain_s,  # the baseline it was compared with (each round has its own)
             "draft_ms": 1000 * draft_s,
             "predicted_speedup": by_batch,
+        }
+
+    def measure(method: Method) -> dict[str, Any]:
+        runner = load(method)
+        return as_row(method, runner, run_prompts(runner, prompts, params), plain_s)
+
+    def estimate(method: Method, chosen_at: float) -> dict[str, Any]:
+        """The chosen method's third run: ESTIMATE_PAIRS plain/method pairs back to back (paired_speedups), and
+        the pair whose batch-1 ratio is the median predicts, against its own baseline."""
+        runner = load(method)
+        baselines: list[float] = []
+        runs: list[PromptsRun] = []
+
+        def plain_rate() -> float:
+            baselines.append(plain_seconds())
+            return 1 / baselines[-1]
+
+        def method_rate() -> float:
+            runs.append(run_prompts(runner, prompts, params))
+            return runs[-1].tokens / runs[-1].loop_s  # tokens/step / step seconds: plain's rate is 1 / plain_s
+
+        ratios = paired_speedups(plain_rate, method_rate, ESTIMATE_PAIRS)
+        j = ratios.index(statistics.median(ratios))  # an odd count: the median is one of the pairs
+        return {
+            **as_row(method, runner, runs[j], baselines[j]),
+            "confirmed": True,
+            "chosen_at": chosen_at,
+            "pairs": ratios,
         }
 
     methods, chose = [], {}
@@ -318,8 +349,7 @@ def compare_methods(
         chosen_at = rows[i]["predicted_speedup"]["1"]
         if fresh and max(r["predicted_speedup"]["1"] for r in fresh.values()) >= chosen_at:
             break  # a third run in hand beats what the rest were chosen at
-        plain_s = plain_seconds()  # each estimating run's own baseline
-        fresh[i] = {**measure(methods[i]), "confirmed": True, "chosen_at": chosen_at}
+        fresh[i] = estimate(methods[i], chosen_at)
     rows = [fresh.get(i, row) for i, row in enumerate(rows)]
     best = max(fresh.values(), key=lambda r: r["predicted_speedup"]["1"])
     return {"plain_ms_per_token": best["plain_ms"], "rows": rows, "recommended": best, "chosen": chose}
