@@ -71,6 +71,7 @@ def measure(config: str, per_category: int, max_tokens: int, max_prompt_tokens: 
 
     ratios = paired_speedups(lambda: rate("plain", plain), lambda: rate("spec", spec), PAIRS)
     measured = statistics.median(ratios)
+    # each side's median rate, for scale: their ratio need not be `measured`, the median of the pairs' ratios
     plain_tps, spec_tps = statistics.median(rates["plain"]), statistics.median(rates["spec"])
     predicted = plan["predicted_speedup"]["1"][str(k)]
     return {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 
 import pytest
 from conftest import CONFIGS
@@ -108,6 +109,7 @@ def test_paired_speedups_alternate_the_order_and_take_each_pair_alone():
     assert calls == ["plain", "spec", "spec", "plain"] * 2
     assert ratios == pytest.approx([2 * 1.1 / 1.2, 2 * 1.4 / 1.3, 2 * 1.5 / 1.6, 2 * 1.8 / 1.7])
     assert ratios[0] < 2 < ratios[1] and ratios[2] < 2 < ratios[3]  # the drift cuts both ways in turn
+    assert statistics.median(ratios) == pytest.approx(2, rel=0.01)  # and cancels in the median
     with pytest.raises(ValueError, match="at least 1"):
         paired_speedups(rate("plain", 1.0), rate("spec", 1.0), 0)
 

@@ -202,8 +202,8 @@ def paired_speedups(plain_rate: Callable[[], float], spec_rate: Callable[[], flo
     """The speedup of `pairs` plain/speculative pairs run back to back, one ratio per pair (its median is the figure).
 
     On a host whose speed drifts 10-30% over minutes, a ratio taken within a pair, seconds apart, holds where one
-    of separate best-of-rounds figures does not. The order alternates, so a steady drift favours neither side in
-    most pairs."""
+    of separate best-of-rounds figures does not. The order alternates, so a steady drift favours each side in
+    turn and cancels in the median instead of biasing every pair one way."""
     if pairs < 1:
         raise ValueError(f"pairs must be at least 1, got {pairs}")
     ratios = []
