@@ -266,7 +266,7 @@ def main() -> int:
     ap.add_argument("--cascade-k", default="3,4,6", help="chains of the draft model sped up by n-gram guesses")
     ap.add_argument("--lookahead", default=";".join(",".join(map(str, s)) for s in LOOKAHEADS), help="W,N,G;...")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--confirm-pairs", type=int, default=5, help="plain/best pairs rerun to confirm the best")
+    ap.add_argument("--confirm-pairs", type=int, default=6, help="plain/best pairs (even: drift cancels)")
     ap.add_argument("--trees", default="2x2,3x2,3x3,4x2,4x3,4x4", help="tree shapes for the drafters that make trees")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/speculative.json"))

@@ -14,7 +14,7 @@ from test_check import DEEPSEEK_R1, LLAMA_1B, LLAMA_70B, _published, config
 from trtspec.cli import cli
 from trtspec.config import validate_config
 from trtspec.errors import UsageError
-from trtspec.methods import CHAIN_KS, TREES, PromptsRun, paired_speedups
+from trtspec.methods import CHAIN_KS, ESTIMATE_PAIRS, TREES, PromptsRun, paired_speedups
 from trtspec.plan import batch_sizes, gpu_costs, predict
 from trtspec.prompts import BUILTIN_PROMPTS, load_prompts
 from trtspec.speculative.requests import RequestStats
@@ -95,7 +95,8 @@ def test_a_prompt_run_sums_requests_and_keeps_the_prefill_apart():
 
 def test_paired_speedups_alternate_the_order_and_take_each_pair_alone():
     """A drift that slows the host with every run costs whichever side runs second: alternating the order keeps
-    the pairs' median on the true ratio (2x here), where running plain first every time would read it low."""
+    an even count's median on the true ratio (2x here), where running plain first every time would read it low;
+    an odd count's median keeps one pair's bias."""
     calls: list[str] = []
 
     def rate(name: str, speed: float):
@@ -109,7 +110,10 @@ def test_paired_speedups_alternate_the_order_and_take_each_pair_alone():
     assert calls == ["plain", "spec", "spec", "plain"] * 2
     assert ratios == pytest.approx([2 * 1.1 / 1.2, 2 * 1.4 / 1.3, 2 * 1.5 / 1.6, 2 * 1.8 / 1.7])
     assert ratios[0] < 2 < ratios[1] and ratios[2] < 2 < ratios[3]  # the drift cuts both ways in turn
-    assert statistics.median(ratios) == pytest.approx(2, rel=0.01)  # and cancels in the median
+    assert statistics.median(ratios) == pytest.approx(2, rel=0.01)  # and cancels in an even count's median
+    calls.clear()
+    odd = paired_speedups(rate("plain", 100.0), rate("spec", 200.0), 3)
+    assert statistics.median(odd) == odd[2] < 2  # an odd count's median is a plain-first pair's: one run's drift
     with pytest.raises(ValueError, match="at least 1"):
         paired_speedups(rate("plain", 1.0), rate("spec", 1.0), 0)
 
@@ -212,7 +216,8 @@ def test_plan_on_the_embedded_pair_writes_plan_and_plot(runner, tmp_path):
         assert before["predicted_speedup"]["1"] < after["chosen_at"]
     # a third run is three plain/method pairs back to back; the median pair predicts, against its own baseline
     for r in estimated:
-        assert len(r["pairs"]) == 3 and r["predicted_speedup"]["1"] == pytest.approx(sorted(r["pairs"])[1])
+        assert len(r["pairs"]) == ESTIMATE_PAIRS
+        assert r["predicted_speedup"]["1"] == pytest.approx(sorted(r["pairs"])[ESTIMATE_PAIRS // 2])
     assert not any("pairs" in r for r in rows.values() if r not in estimated)
 
 

@@ -40,7 +40,8 @@ CONFIRM = 3  # the best this many are measured again and judged on the second ru
 # so any figure that took part in choosing it overstates it. Where the best third run so far falls below the next
 # leader's second, the next runs a third time too, and the best third run is recommended (a best of two or three
 # third runs flatters the winner again, by less).
-ESTIMATE_PAIRS = 3  # a third run is this many plain/method pairs; the median pair's ratio predicts (odd: one pair's)
+# a third run is this many plain/method pairs and the median pair predicts: odd, so that the median is one pair's run
+ESTIMATE_PAIRS = 3
 
 
 @dataclass(frozen=True)
@@ -202,8 +203,10 @@ def paired_speedups(plain_rate: Callable[[], float], spec_rate: Callable[[], flo
     """The speedup of `pairs` plain/speculative pairs run back to back, one ratio per pair (its median is the figure).
 
     On a host whose speed drifts 10-30% over minutes, a ratio taken within a pair, seconds apart, holds where one
-    of separate best-of-rounds figures does not. The order alternates, so a steady drift favours each side in
-    turn and cancels in the median instead of biasing every pair one way."""
+    of separate best-of-rounds figures does not, and a one-off slow spell in any run is outvoted by the median.
+    The order alternates, so a steady drift favours each side in turn: with an even count the median averages
+    one pair of each order and the drift cancels; with an odd count (plan's three) the median is a pair of the
+    majority order and keeps one run's drift, as a single pair would."""
     if pairs < 1:
         raise ValueError(f"pairs must be at least 1, got {pairs}")
     ratios = []
