@@ -456,8 +456,9 @@ def main() -> int:
 
 
 def ceiling(rows: list[dict]) -> dict:
-    """The row with the highest isolated cost-model bound: the speedup no loop beats at this run's call costs
-    and acceptance, and what it would take to reach the target from there."""
+    """The row with the highest isolated cost-model bound: the most the cost model allows at this run's acceptance
+    and call costs timed alone (a loop passes it only where its calls run cheaper than alone), and what reaching
+    the target would take from there."""
     top = max(rows, key=lambda r: r["bound_isolated"])
     keys = ("method", "k", "tree", "bound_isolated", "free_draft_bound", "tokens_for_target")
     return {
